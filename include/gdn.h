@@ -1,0 +1,167 @@
+/* gdn — Gated DeltaNet kernels. The whole public C API.
+ *
+ * Math (one sequence, one value head j; see DESIGN.md):
+ *     S   = exp(g_t) * S
+ *     u_t = beta_t * (v_t - S^T k_t)
+ *     S   = S + k_t u_t^T
+ *     o_t = scale * S^T q_t
+ *
+ * Conventions
+ *   - Every call returns a gdn_status; gdn_last_error() says what was wrong.
+ *   - Every call validates all of its input before it writes anything: on error
+ *     no output byte changes.
+ *   - The caller owns all memory. Sizes of workspaces and of the state kept
+ *     between forward and backward come from the *_size() queries.
+ *   - Tensors are token-major and contiguous, like flash-linear-attention:
+ *       q, k [B,T,H,K]   v, o [B,T,HV,V]   g/a, beta/b [B,T,HV]
+ *       A_log, dt_bias [HV] (f32)   h0, ht [N,HV,K,V] (f32; [N,HV,V,K] v-first)
+ *   - With cu_seqlens (B must be 1) the T tokens hold N sequences, sequence n is
+ *     tokens cu_seqlens[n] .. cu_seqlens[n+1]-1. Without, N = B.
+ *   - The CPU backend takes host pointers; the CUDA backend device pointers,
+ *     enqueued on gdn_exec.stream with no allocation and no host sync.
+ */
+#ifndef GDN_H
+#define GDN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GDN_VERSION_MAJOR 0
+#define GDN_VERSION_MINOR 1
+
+/* ---- status and errors ------------------------------------------------ */
+
+typedef enum gdn_status {
+    GDN_OK = 0,
+    GDN_ERR_NULL = 1,        /* a required pointer is NULL                   */
+    GDN_ERR_SHAPE = 2,       /* a size is out of range or inconsistent       */
+    GDN_ERR_DTYPE = 3,       /* dtype not supported for this tensor          */
+    GDN_ERR_SEQLENS = 4,     /* cu_seqlens unsorted, out of range, or B != 1 */
+    GDN_ERR_OPTION = 5,      /* flags or options that do not go together     */
+    GDN_ERR_WORKSPACE = 6,   /* workspace or saved buffer too small          */
+    GDN_ERR_BACKEND = 7,     /* backend not built in, or a backend failure   */
+    GDN_ERR_UNSUPPORTED = 8  /* valid request this backend does not do       */
+} gdn_status;
+
+/* Name of a status, e.g. "GDN_ERR_SHAPE". */
+const char *gdn_status_string(gdn_status s);
+/* Message of the last failed call on this thread, e.g.
+ * "HV (6) is not a multiple of H (4)"; "" after a successful call. */
+const char *gdn_last_error(void);
+
+/* ---- types -------------------------------------------------------------- */
+
+typedef enum gdn_dtype { GDN_F32 = 0, GDN_BF16 = 1, GDN_F16 = 2 } gdn_dtype;
+size_t gdn_dtype_size(gdn_dtype t);
+const char *gdn_dtype_name(gdn_dtype t);
+
+typedef enum gdn_backend { GDN_BACKEND_CPU = 0, GDN_BACKEND_CUDA = 1 } gdn_backend;
+/* 1 if the backend was built into this library (and, for CUDA, a device is seen). */
+int gdn_backend_available(gdn_backend b);
+
+/* Where and how a call runs. NULL means: CPU, all threads. */
+typedef struct gdn_exec {
+    gdn_backend backend;
+    void *stream;   /* cudaStream_t for CUDA (NULL = default stream); unused on CPU */
+    int threads;    /* CPU worker threads; 0 = OpenMP's default                    */
+} gdn_exec;
+
+/* ---- the gated delta rule: chunked and recurrent ------------------------ */
+
+enum gdn_flags {
+    GDN_QK_L2NORM     = 1u << 0, /* q,k -> q*rsqrt(sum q^2 + 1e-6) in kernel; fwd keeps fp32 rstd  */
+    GDN_GATE_FUSED    = 1u << 1, /* gate input is raw a: g = -exp(A_log)*softplus(a + dt_bias)     */
+    GDN_BETA_SIGMOID  = 1u << 2, /* beta input is raw b: beta = sigmoid(b)                         */
+    GDN_BETA_NEGATIVE = 1u << 3, /* with GDN_BETA_SIGMOID: beta = 2*sigmoid(b) (negative eigenvalues) */
+    GDN_STATE_V_FIRST = 1u << 4  /* h0, ht, dht, dh0 are [N,HV,V,K] instead of [N,HV,K,V]          */
+};
+
+/* Shape and options of one call. Head dims K, V in 1..256. */
+typedef struct gdn_config {
+    int64_t B, T;       /* batch rows, tokens per row (T >= 0)                         */
+    int H, HV;          /* q/k heads and value heads; HV = G*H                         */
+    int K, V;           /* q/k head dim, value head dim                                */
+    const int64_t *cu_seqlens;      /* NULL, or host array [num_seqs+1] (B must be 1)   */
+    const int64_t *cu_seqlens_dev;  /* CUDA only: the same values in device memory      */
+    int64_t num_seqs;   /* N when cu_seqlens is given                                  */
+    gdn_dtype dtype;      /* q, k, v, o and dq, dk, dv                                 */
+    gdn_dtype gate_dtype; /* g (or a), beta (or b) and their gradients: F32 or dtype   */
+    float scale;        /* 0 = 1/sqrt(K)                                               */
+    unsigned flags;     /* gdn_flags                                                   */
+} gdn_config;
+
+/* Forward inputs and outputs (chunk and recurrent). */
+typedef struct gdn_fwd_args {
+    const void *q, *k, *v;   /* required                                               */
+    const void *g;           /* log decay g, or raw a with GDN_GATE_FUSED (then required); NULL = no decay */
+    const void *beta;        /* beta, or raw b with GDN_BETA_SIGMOID; required          */
+    const float *A_log;      /* [HV], required with GDN_GATE_FUSED                      */
+    const float *dt_bias;    /* [HV], with GDN_GATE_FUSED; NULL = zeros                 */
+    const float *h0;         /* initial state; NULL = zeros                             */
+    void *o;                 /* output, required                                        */
+    float *ht;               /* final state; NULL = not wanted                          */
+    void *saved;             /* gdn_chunk_saved_size() bytes kept for backward; NULL = no backward */
+    size_t saved_bytes;
+    void *workspace;         /* gdn_chunk_fwd_workspace_size() bytes                    */
+    size_t workspace_bytes;
+} gdn_fwd_args;
+
+/* Backward: the forward's inputs again, what forward saved, and the output grads. */
+typedef struct gdn_bwd_args {
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias, *h0;
+    const void *saved;       /* as written by gdn_chunk_fwd with the same config         */
+    size_t saved_bytes;
+    const void *dout;        /* dL/do [B,T,HV,V] dtype, required                         */
+    const float *dht;        /* dL/dht; NULL = zeros                                     */
+    void *dq, *dk, *dv;      /* dtype, required                                          */
+    void *dg;                /* gate_dtype: dg, or da with GDN_GATE_FUSED; required if g  */
+    void *dbeta;             /* gate_dtype: dbeta, or db with GDN_BETA_SIGMOID; required  */
+    float *dA_log;           /* [HV] f32, required with GDN_GATE_FUSED                   */
+    float *ddt_bias;         /* [HV] f32, with GDN_GATE_FUSED; NULL = not wanted          */
+    float *dh0;              /* NULL = not wanted                                        */
+    void *workspace;         /* gdn_chunk_bwd_workspace_size() bytes                     */
+    size_t workspace_bytes;
+} gdn_bwd_args;
+
+/* Bytes forward must keep for backward: with GDN_QK_L2NORM the fp32 rstd of q
+ * and of k per token and q/k head (2*B*T*H floats; never the normalized q, k),
+ * else 0. Everything else backward recomputes from its inputs. */
+size_t gdn_chunk_saved_size(const gdn_config *cfg);
+size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg);
+size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg);
+
+/* Chunked forward (chunk 64, WY/UT transform) and its exact backward. */
+gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a);
+gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bwd_args *a);
+
+/* Token-by-token forward (decode and short T). Needs no workspace; a->saved is ignored. */
+gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a);
+
+/* ---- standalone pieces (for the recurrent path) ------------------------- */
+
+/* g = -exp(A_log[j]) * softplus(a + dt_bias[j]) over a [rows, HV]; g is f32.
+ * dt_bias may be NULL (zeros). */
+gdn_status gdn_gate_fwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dtype,
+                        const void *a, const float *A_log, const float *dt_bias, float *g);
+/* da (a_dtype), dA_log and ddt_bias (f32 [HV], summed over rows in a fixed order).
+ * ddt_bias may be NULL. */
+gdn_status gdn_gate_bwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dtype,
+                        const void *a, const float *A_log, const float *dt_bias,
+                        const float *dg, void *da, float *dA_log, float *ddt_bias);
+
+/* y = x * rsqrt(sum(x^2) + 1e-6) per row of x [rows, dim]; rstd [rows] f32 (may be NULL). */
+gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype,
+                          const void *x, void *y, float *rstd);
+/* dx from x, the forward's rstd and dy. */
+gdn_status gdn_l2norm_bwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype,
+                          const void *x, const float *rstd, const void *dy, void *dx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDN_H */

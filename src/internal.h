@@ -1,0 +1,75 @@
+/* Shared between the API layer and the backends. Not installed. */
+#ifndef GDN_INTERNAL_H
+#define GDN_INTERNAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <math.h>
+#include "gdn.h"
+
+/* ---- errors (api.c) ---- */
+gdn_status gdn_fail(gdn_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ---- dtype conversion (cpu/convert.c) ---- */
+float gdn_bf16_to_f32(uint16_t h);
+uint16_t gdn_f32_to_bf16(float f);   /* round to nearest even, NaN kept */
+float gdn_f16_to_f32(uint16_t h);
+uint16_t gdn_f32_to_f16(float f);    /* round to nearest even, overflow -> inf */
+/* dst[i] = (float)src[off + i] for i < n */
+void gdn_load(gdn_dtype t, const void *src, int64_t off, float *dst, int64_t n);
+/* dst[off + i] = src[i] for i < n, rounded to t */
+void gdn_store(gdn_dtype t, void *dst, int64_t off, const float *src, int64_t n);
+/* strided variants: element i is at off + i*stride */
+void gdn_load_strided(gdn_dtype t, const void *src, int64_t off, int64_t stride, float *dst, int64_t n);
+void gdn_store_strided(gdn_dtype t, void *dst, int64_t off, int64_t stride, const float *src, int64_t n);
+
+/* ---- a validated call, as the backends see it ---- */
+#define GDN_CHUNK 64
+#define GDN_L2_EPS 1e-6f
+
+typedef struct gdn_plan {
+    gdn_config c;        /* copy of the caller's config, scale resolved       */
+    int64_t N;           /* sequences                                         */
+    int G;               /* HV / H                                            */
+    int threads;         /* resolved CPU threads (>= 1)                       */
+    int64_t max_len;     /* longest sequence                                  */
+} gdn_plan;
+
+/* Sequence n: first token row (flattened over B*T) and length. */
+static inline void gdn_seq(const gdn_plan *p, int64_t n, int64_t *bos, int64_t *len) {
+    if (p->c.cu_seqlens) { *bos = p->c.cu_seqlens[n]; *len = p->c.cu_seqlens[n + 1] - *bos; }
+    else { *bos = n * p->c.T; *len = p->c.T; }
+}
+
+/* saved-for-backward layout: [rstd_q B*T*H][rstd_k B*T*H] with L2NORM, else nothing */
+typedef struct gdn_saved_layout {
+    float *rstd_q, *rstd_k;
+} gdn_saved_layout;
+size_t gdn_saved_bytes(const gdn_config *c);
+gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved);
+
+/* ---- CPU backend (cpu/) ---- */
+size_t gdn_cpu_chunk_fwd_ws(const gdn_plan *p);
+size_t gdn_cpu_chunk_bwd_ws(const gdn_plan *p);
+void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a);
+void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a);
+void gdn_cpu_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a);
+void gdn_cpu_gate_fwd(int threads, int64_t rows, int HV, gdn_dtype t, const void *a,
+                      const float *A_log, const float *dt_bias, float *g);
+void gdn_cpu_gate_bwd(int threads, int64_t rows, int HV, gdn_dtype t, const void *a,
+                      const float *A_log, const float *dt_bias, const float *dg,
+                      void *da, float *dA_log, float *ddt_bias);
+void gdn_cpu_l2norm_fwd(int threads, int64_t rows, int dim, gdn_dtype t, const void *x,
+                        void *y, float *rstd);
+void gdn_cpu_l2norm_bwd(int threads, int64_t rows, int dim, gdn_dtype t, const void *x,
+                        const float *rstd, const void *dy, void *dx);
+
+/* scalar math shared by every path (fp32) */
+static inline float gdn_softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+static inline float gdn_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+#endif
