@@ -18,8 +18,9 @@
 typedef struct chunk_ws {
     float *Q, *Kc, *Vv;              /* [CS,K] [CS,K] [CS,V] q^, k^, v rows            */
     float *g, *gc, *gam, *beta;      /* [CS] log decay, its cumsum, exp(gc), beta     */
-    float *KK, *P, *Tm;              /* [CS,CS] k.k, masked scaled q.k decay, (I+A)^-1 */
-    float *Bk, *Wk, *Bv, *Wv, *U;    /* [CS,K] [CS,K] [CS,V] [CS,V] [CS,V]                */
+    float *KK, *P, *Tm, *E;          /* [CS,CS] k.k, masked scaled q.k decay, (I+A)^-1,
+                                        exp(gc_t - gc_s) for s <= t */
+    float *Bk, *Wk, *Bv, *Wv, *U;    /* [CS,K] [CS,K] [CS,V] [CS,V]; U is Wv's buffer  */
 } chunk_ws;
 
 /* floats of one chunk_ws for head dims K, V */
@@ -36,7 +37,7 @@ typedef struct chunk_in {
 /* Load the chunk rows r0..r0+c-1 and build gc, gam, KK, P, Tm, Wk, Wv. */
 void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w);
 
-/* U = Wv - Wk S0 */
+/* U = Wv - Wk S0, in place of Wv */
 void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w);
 
 /* S <- exp(gc_last) S + (exp(gc_last - gc) K)^T U ; clobbers w->Kc */

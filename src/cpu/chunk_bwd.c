@@ -63,19 +63,13 @@ static bwd_ws bwd_ws_at(const gdn_plan *p, float *b) {
     return s;
 }
 
-static float dot(const float *a, const float *b, int n) {
-    float s = 0.f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 /* Reverse step through one chunk. On entry s->dS is dL/dS1, on exit dL/dS0. */
 static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0, int c, int j,
                            const float *S0, bwd_ws *s, double *dA_log_acc, double *ddt_acc) {
     const int K = p->c.K, V = p->c.V, HV = p->c.HV;
     const float scale = p->c.scale;
     chunk_ws *w = &s->w;
-    const float glast = w->gc[c - 1], dlast = w->gam[c - 1];
+    const float dlast = w->gam[c - 1];
     for (int t = 0; t < c; t++) gdn_load(p->c.dtype, a->dout, ((r0 + t) * HV + j) * V, s->dO + t * V, V);
     memset(s->dgc, 0, sizeof(float) * CS);
     memset(s->dbeta, 0, sizeof(float) * CS);
@@ -83,25 +77,23 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     /* dKd = U dS^T, and Kd into dWk as scratch: dU = P^T dO + Kd dS */
     gdn_gemm(c, K, V, 1.f, w->U, V, 0, s->dS, V, 1, 0, s->dKd, K);
     for (int t = 0; t < c; t++) {
-        const float e = expf(glast - w->gc[t]);
+        const float e = w->E[(c - 1) * CS + t];
         for (int i = 0; i < K; i++) s->dWk[t * K + i] = e * w->Kc[t * K + i];
     }
-    gdn_gemm(c, V, c, 1.f, w->P, CS, 1, s->dO, V, 0, 0, s->dU, V);
+    gdn_gemm_tri(GDN_TRI_UPPER_A, c, V, c, 1.f, w->P, CS, 1, s->dO, V, 0, 0, s->dU, V);
     gdn_gemm(c, V, K, 1.f, s->dWk, K, 0, s->dS, V, 0, 1, s->dU, V);
     /* S1 = exp(gc_last) S0 + Kd^T U: the gate terms and dK from Kd */
-    float sd = 0.f;
-    for (int64_t x = 0; x < (int64_t)K * V; x++) sd += S0[x] * s->dS[x];
-    s->dgc[c - 1] += dlast * sd;
+    s->dgc[c - 1] += dlast * gdn_dot(S0, s->dS, K * V);
     for (int t = 0; t < c; t++) {
-        const float e = expf(glast - w->gc[t]);
-        const float d = e * dot(w->Kc + t * K, s->dKd + t * K, K);
+        const float e = w->E[(c - 1) * CS + t];
+        const float d = e * gdn_dot(w->Kc + t * K, s->dKd + t * K, K);
         s->dgc[c - 1] += d;
         s->dgc[t] -= d;
     }
 
     /* dP = dO U^T on s <= t; P_ts = scale q.k exp(gc_t - gc_s) so the gc terms
      * are dP*P and the q/k terms use dP~ = dP scale exp(gc_t - gc_s) */
-    gdn_gemm(c, c, V, 1.f, s->dO, V, 0, w->U, V, 1, 0, s->dP, CS);
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, V, 1.f, s->dO, V, 0, w->U, V, 1, 0, s->dP, CS);
     for (int t = 0; t < c; t++) {
         float *dPt = s->dP + t * CS;
         const float *Pt = w->P + t * CS;
@@ -109,7 +101,7 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
             const float r = dPt[u] * Pt[u];
             s->dgc[t] += r;
             s->dgc[u] -= r;
-            dPt[u] *= scale * expf(w->gc[t] - w->gc[u]);
+            dPt[u] *= scale * w->E[t * CS + u];
         }
         for (int u = t + 1; u < c; u++) dPt[u] = 0.f;
     }
@@ -117,13 +109,13 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     gdn_gemm(c, K, V, 1.f, s->dO, V, 0, S0, V, 1, 0, s->X, K);
     for (int t = 0; t < c; t++) {
         const float f = scale * w->gam[t];
-        s->dgc[t] += f * dot(w->Q + t * K, s->X + t * K, K);
+        s->dgc[t] += f * gdn_dot(w->Q + t * K, s->X + t * K, K);
         for (int i = 0; i < K; i++) s->dQc[t * K + i] = f * s->X[t * K + i];
     }
-    gdn_gemm(c, K, c, 1.f, s->dP, CS, 0, w->Kc, K, 0, 1, s->dQc, K);
-    gdn_gemm(c, K, c, 1.f, s->dP, CS, 1, w->Q, K, 0, 0, s->dKc, K);
+    gdn_gemm_tri(GDN_TRI_LOWER_A, c, K, c, 1.f, s->dP, CS, 0, w->Kc, K, 0, 1, s->dQc, K);
+    gdn_gemm_tri(GDN_TRI_UPPER_A, c, K, c, 1.f, s->dP, CS, 1, w->Q, K, 0, 0, s->dKc, K);
     for (int t = 0; t < c; t++) {
-        const float e = expf(glast - w->gc[t]);
+        const float e = w->E[(c - 1) * CS + t];
         for (int i = 0; i < K; i++) s->dKc[t * K + i] += e * s->dKd[t * K + i];
     }
 
@@ -138,18 +130,21 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
 
     /* through Wk = Tm Bk, Wv = Tm Bv and Tm = (I + A)^-1 */
     gdn_gemm(c, K, V, -1.f, s->dU, V, 0, S0, V, 1, 0, s->dWk, K);
-    gdn_gemm(c, c, K, 1.f, s->dWk, K, 0, w->Bk, K, 1, 0, s->dTm, CS);
-    gdn_gemm(c, c, V, 1.f, s->dU, V, 0, w->Bv, V, 1, 1, s->dTm, CS);
-    gdn_gemm(c, K, c, 1.f, w->Tm, CS, 1, s->dWk, K, 0, 0, s->dBk, K);
-    gdn_gemm(c, V, c, 1.f, w->Tm, CS, 1, s->dU, V, 0, 0, s->dBv, V);
-    gdn_gemm(c, c, c, 1.f, s->dTm, CS, 0, w->Tm, CS, 1, 0, s->tmp, CS);
-    gdn_gemm(c, c, c, -1.f, w->Tm, CS, 1, s->tmp, CS, 0, 0, s->dA, CS);
+    /* Tm is unit lower triangular whatever A is, so only the strictly lower
+     * part of dTm reaches dA (the rest is zeroed, not left as garbage) */
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, 1.f, s->dWk, K, 0, w->Bk, K, 1, 0, s->dTm, CS);
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, V, 1.f, s->dU, V, 0, w->Bv, V, 1, 1, s->dTm, CS);
+    for (int t = 0; t < c; t++) memset(s->dTm + t * CS + t, 0, sizeof(float) * (c - t));
+    gdn_gemm_tri(GDN_TRI_UPPER_A, c, K, c, 1.f, w->Tm, CS, 1, s->dWk, K, 0, 0, s->dBk, K);
+    gdn_gemm_tri(GDN_TRI_UPPER_A, c, V, c, 1.f, w->Tm, CS, 1, s->dU, V, 0, 0, s->dBv, V);
+    gdn_gemm_tri(GDN_TRI_LOWER_A, c, c, c, 1.f, s->dTm, CS, 0, w->Tm, CS, 1, 0, s->tmp, CS);
+    gdn_gemm_tri(GDN_TRI_UPPER_A | GDN_TRI_LOWER_C, c, c, c, -1.f, w->Tm, CS, 1, s->tmp, CS, 0, 0, s->dA, CS);
 
     /* Bk = diag(beta exp(gc)) K, Bv = diag(beta) V */
     for (int t = 0; t < c; t++) {
         const float bk = w->beta[t] * w->gam[t];
-        const float kd = dot(s->dBk + t * K, w->Kc + t * K, K);
-        s->dbeta[t] += dot(s->dBv + t * V, w->Vv + t * V, V) + w->gam[t] * kd;
+        const float kd = gdn_dot(s->dBk + t * K, w->Kc + t * K, K);
+        s->dbeta[t] += gdn_dot(s->dBv + t * V, w->Vv + t * V, V) + w->gam[t] * kd;
         s->dgc[t] += bk * kd;
         for (int i = 0; i < K; i++) s->dKc[t * K + i] += bk * s->dBk[t * K + i];
         for (int i = 0; i < V; i++) s->row[i] = w->beta[t] * s->dBv[t * V + i];
@@ -159,7 +154,7 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     for (int t = 0; t < c; t++) {
         float *dAt = s->dA + t * CS;
         for (int u = 0; u < t; u++) {
-            const float e = expf(w->gc[t] - w->gc[u]);
+            const float e = w->E[t * CS + u];
             const float E = dAt[u] * e;
             const float r = E * w->beta[t] * w->KK[t * CS + u];   /* dA_ts * A_ts */
             s->dbeta[t] += E * w->KK[t * CS + u];
@@ -169,8 +164,8 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
         }
         for (int u = t; u < c; u++) dAt[u] = 0.f;
     }
-    gdn_gemm(c, K, c, 1.f, s->dA, CS, 0, w->Kc, K, 0, 1, s->dKc, K);
-    gdn_gemm(c, K, c, 1.f, s->dA, CS, 1, w->Kc, K, 0, 1, s->dKc, K);
+    gdn_gemm_tri(GDN_TRI_LOWER_A, c, K, c, 1.f, s->dA, CS, 0, w->Kc, K, 0, 1, s->dKc, K);
+    gdn_gemm_tri(GDN_TRI_UPPER_A, c, K, c, 1.f, s->dA, CS, 1, w->Kc, K, 0, 1, s->dKc, K);
 
     /* dg = reverse cumsum of dgc; then through the fused gate */
     if (a->g) {
@@ -212,7 +207,7 @@ static void store_qk_grad(const gdn_plan *p, const void *x, const float *rstd, i
         const float rs = rstd[r * p->c.H + h];
         gdn_load(p->c.dtype, x, off, tmp, K);
         for (int i = 0; i < K; i++) tmp[i] *= rs;
-        const float d = dot(tmp, g, K);
+        const float d = gdn_dot(tmp, g, K);
         for (int i = 0; i < K; i++) g[i] = rs * (g[i] - tmp[i] * d);
     }
     gdn_store(p->c.dtype, dst, off, g, K);
@@ -232,6 +227,7 @@ void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
         const int tid = 0;
 #endif
         bwd_ws s = bwd_ws_at(p, thread_base + per_thread_floats(p) * tid);
+        const unsigned fpmode = gdn_ftz_begin();
         #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t n = task / H;
@@ -271,6 +267,7 @@ void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
                 store_qk_grad(p, a->k, sv.rstd_k, bos + t, h, s.dKacc + t * K, s.row, a->dk);
             }
         }
+        gdn_ftz_end(fpmode);
     }
     if (p->c.flags & GDN_GATE_FUSED) {
         for (int j = 0; j < HV; j++) {

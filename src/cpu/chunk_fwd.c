@@ -10,14 +10,14 @@
 #include "cpu/load.h"
 
 size_t gdn_chunk_ws_floats(int K, int V) {
-    return (size_t)4 * CS + 3 * CS * CS + (size_t)CS * (4 * K + 4 * V) + 64;
+    return (size_t)4 * CS + 4 * CS * CS + (size_t)CS * (4 * K + 4 * V) + 64;
 }
 
 chunk_ws gdn_chunk_ws_at(float *b, int K, int V) {
     chunk_ws w;
     w.Q = b; b += CS * K;   w.Kc = b; b += CS * K;  w.Bk = b; b += CS * K;  w.Wk = b; b += CS * K;
-    w.Vv = b; b += CS * V;  w.Bv = b; b += CS * V;  w.Wv = b; b += CS * V;  w.U = b; b += CS * V;
-    w.KK = b; b += CS * CS;  w.P = b; b += CS * CS;   w.Tm = b; b += CS * CS;
+    w.Vv = b; b += CS * V;  w.Bv = b; b += CS * V;  w.Wv = b; b += CS * V;  w.U = w.Wv;   /* U overwrites Wv */
+    w.KK = b; b += CS * CS;  w.P = b; b += CS * CS;   w.Tm = b; b += CS * CS;  w.E = b; b += CS * CS;
     w.g = b; b += CS;  w.gc = b; b += CS;  w.gam = b; b += CS;  w.beta = b;
     return w;
 }
@@ -32,50 +32,62 @@ void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c,
     gdn_cpu_load_beta(p, in->beta, r0, c, j, w->beta);
     /* the gate's chunk cumsum */
     float acc = 0.f;
-    for (int t = 0; t < c; t++) { acc += w->g[t]; w->gc[t] = acc; w->gam[t] = expf(acc); }
+    for (int t = 0; t < c; t++) { acc += w->g[t]; w->gc[t] = acc; }
+    for (int t = 0; t < c; t++) {
+        w->gam[t] = gdn_expf(w->gc[t]);
+        float *Et = w->E + t * CS;   /* exp of a positive number is never formed */
+        for (int s = 0; s <= t; s++) Et[s] = gdn_expf(w->gc[t] - w->gc[s]);
+    }
 
-    gdn_gemm(c, c, K, 1.f, w->Kc, K, 0, w->Kc, K, 1, 0, w->KK, CS);
-    gdn_gemm(c, c, K, scale, w->Q, K, 0, w->Kc, K, 1, 0, w->P, CS);
-    /* P_ts *= exp(gc_t - gc_s) for s <= t; 0 above the diagonal (exp of a
-     * positive number is never formed) */
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, 1.f, w->Kc, K, 0, w->Kc, K, 1, 0, w->KK, CS);
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, scale, w->Q, K, 0, w->Kc, K, 1, 0, w->P, CS);
+    /* P_ts *= exp(gc_t - gc_s) for s <= t; 0 above the diagonal */
     for (int t = 0; t < c; t++) {
         float *Pt = w->P + t * CS;
-        for (int s = 0; s <= t; s++) Pt[s] *= expf(w->gc[t] - w->gc[s]);
+        const float *Et = w->E + t * CS;
+        for (int s = 0; s <= t; s++) Pt[s] *= Et[s];
         for (int s = t + 1; s < c; s++) Pt[s] = 0.f;
     }
     /* Tm = (I + A)^-1 by forward substitution: row t of (I + A) Tm = I gives
-     * Tm_t = e_t - sum_{s<t} A_ts Tm_s, and Tm_s is zero right of column s */
+     * Tm_t = e_t - sum_{s<t} A_ts Tm_s. Rows are whole CS-float vectors held
+     * in registers (Tm_s is zero right of column s, so no bounds are needed). */
+    enum { NV = CS / GDN_VL };
     for (int t = 0; t < c; t++) {
-        float *Tt = w->Tm + t * CS;
-        memset(Tt, 0, sizeof(float) * CS);
-        Tt[t] = 1.f;
+        gdn_vf acc[NV];
+        for (int v = 0; v < NV; v++) acc[v] = (gdn_vf){0};
         for (int s = 0; s < t; s++) {
-            const float ats = w->beta[t] * expf(w->gc[t] - w->gc[s]) * w->KK[t * CS + s];
+            const float ats = w->beta[t] * w->E[t * CS + s] * w->KK[t * CS + s];
             const float *Ts = w->Tm + s * CS;
-            for (int x = 0; x <= s; x++) Tt[x] -= ats * Ts[x];
+            for (int v = 0; v < NV; v++) {
+                gdn_vf x;
+                memcpy(&x, Ts + v * GDN_VL, sizeof x);
+                acc[v] -= ats * x;
+            }
         }
+        float *Tt = w->Tm + t * CS;
+        memcpy(Tt, acc, sizeof acc);
+        Tt[t] = 1.f;
     }
     for (int t = 0; t < c; t++) {
         const float bk = w->beta[t] * w->gam[t], bv = w->beta[t];
         for (int i = 0; i < K; i++) w->Bk[t * K + i] = bk * w->Kc[t * K + i];
         for (int i = 0; i < V; i++) w->Bv[t * V + i] = bv * w->Vv[t * V + i];
     }
-    gdn_gemm(c, K, c, 1.f, w->Tm, CS, 0, w->Bk, K, 0, 0, w->Wk, K);
-    gdn_gemm(c, V, c, 1.f, w->Tm, CS, 0, w->Bv, V, 0, 0, w->Wv, V);
+    gdn_gemm_tri(GDN_TRI_LOWER_A, c, K, c, 1.f, w->Tm, CS, 0, w->Bk, K, 0, 0, w->Wk, K);
+    gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->Tm, CS, 0, w->Bv, V, 0, 0, w->Wv, V);
 }
 
 void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w) {
     const int K = p->c.K, V = p->c.V;
-    memcpy(w->U, w->Wv, sizeof(float) * c * V);
-    gdn_gemm(c, V, K, -1.f, w->Wk, K, 0, S0, V, 0, 1, w->U, V);
+    gdn_gemm(c, V, K, -1.f, w->Wk, K, 0, S0, V, 0, 1, w->U, V);   /* in place: U is Wv */
 }
 
 void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w) {
     const int K = p->c.K, V = p->c.V;
-    const float glast = w->gc[c - 1], dl = w->gam[c - 1];
+    const float dl = w->gam[c - 1];
     for (int64_t x = 0; x < (int64_t)K * V; x++) S[x] *= dl;
     for (int s = 0; s < c; s++) {
-        const float e = expf(glast - w->gc[s]);
+        const float e = w->E[(c - 1) * CS + s];   /* exp(gc_last - gc_s) */
         for (int i = 0; i < K; i++) w->Kc[s * K + i] *= e;
     }
     gdn_gemm(K, V, c, 1.f, w->Kc, K, 1, w->U, V, 0, 1, S, V);
@@ -103,6 +115,7 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
         float *S = (float *)a->workspace + per_thread_floats(p) * tid;
         float *O = S + (size_t)K * V;
         chunk_ws w = gdn_chunk_ws_at(O + CS * V, K, V);
+        const unsigned fpmode = gdn_ftz_begin();
         #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t n = task / HV;
@@ -116,6 +129,10 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
             for (int64_t t0 = 0; t0 < len; t0 += CS) {
                 const int c = len - t0 < CS ? (int)(len - t0) : CS;
                 gdn_chunk_prepare(p, &in, bos + t0, c, j, &w);
+                if (t0 + CS < len) {
+                    const int cn = len - t0 - CS < CS ? (int)(len - t0 - CS) : CS;
+                    gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, a->o, bos + t0 + CS, cn, j / G, j);
+                }
                 gdn_chunk_u(p, c, S, &w);
                 /* O = diag(scale exp(gc)) Q S0 + P U */
                 for (int t = 0; t < c; t++) {
@@ -123,11 +140,12 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
                     for (int i = 0; i < K; i++) w.Q[t * K + i] *= f;
                 }
                 gdn_gemm(c, V, K, 1.f, w.Q, K, 0, S, V, 0, 0, O, V);
-                gdn_gemm(c, V, c, 1.f, w.P, CS, 0, w.U, V, 0, 1, O, V);
+                gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w.P, CS, 0, w.U, V, 0, 1, O, V);
                 for (int t = 0; t < c; t++) gdn_store(p->c.dtype, a->o, ((bos + t0 + t) * HV + j) * V, O + t * V, V);
                 gdn_chunk_state_step(p, c, S, &w);
             }
             if (a->ht) gdn_cpu_store_state(p, a->ht, n, j, S);
         }
+        gdn_ftz_end(fpmode);
     }
 }

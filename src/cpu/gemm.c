@@ -1,38 +1,42 @@
 /* Register-blocked SIMD matrix product for the chunk sizes gdn uses
- * (M, N, Kd <= 256). op(A) is packed into MR-row panels and op(B) into
- * NR-column panels so the micro-kernel streams both with unit stride and keeps
- * an MR x NR block of C in registers. Vector width follows the build target
- * (AVX-512: 16 floats, else 8) through GCC/Clang vector extensions, so the
- * same source compiles everywhere. */
+ * (M, N <= 256 typically, any Kd). The micro-kernel keeps an MR x NR block of
+ * C in registers and reads op(A) in place (row-major or transposed: either
+ * way MR scalar broadcasts per step) and op(B) as NR-wide vector rows. op(B)
+ * is packed only when it is transposed or its last panel is ragged; A is
+ * never packed, so a 64 x 128 x 128 product spends its time in FMAs. Vector
+ * width follows the build target (AVX-512: 16 floats, else 8) through
+ * GCC/Clang vector extensions, so the same source compiles everywhere. */
 #include <string.h>
 #include "cpu/gemm.h"
 
-#if defined(__AVX512F__)
-#define VL 16
-#else
-#define VL 8
-#endif
+#define VL GDN_VL
 #define MR 8
 #define NR (2 * VL)
 #define KMAX 256
 
-typedef float vf __attribute__((vector_size(VL * 4)));
+typedef gdn_vf vf;
 
 static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
-/* C block (mr x nr) = alpha * Ap Bp (+ C). Ap: Kd x MR, Bp: Kd x NR, both packed. */
-static void micro(int Kd, const float *restrict Ap, const float *restrict Bp, float alpha,
-                  int accumulate, float *C, int64_t ldc, int mr, int nr) {
+/* C block (mr x nr) = alpha * op(A) B (+ C). Element (i, p) of op(A) is
+ * A[i*ars + p*acs]; row p of the B panel is B + p*bs (NR floats). Rows of A
+ * past mr repeat row mr-1 (valid memory; their results are dropped). */
+static inline __attribute__((always_inline)) void
+micro(int Kd, const float *A, int64_t ars, int64_t acs, const float *B, int64_t bs, float alpha,
+      int accumulate, float *C, int64_t ldc, int mr, int nr) {
     vf c0[MR], c1[MR];
-    for (int i = 0; i < MR; i++) { c0[i] = (vf){0}; c1[i] = (vf){0}; }
+    const float *ar[MR];
+    for (int i = 0; i < MR; i++) {
+        c0[i] = (vf){0}; c1[i] = (vf){0};
+        ar[i] = A + (int64_t)(i < mr ? i : mr - 1) * ars;
+    }
     for (int p = 0; p < Kd; p++) {
-        vf b0 = vload(Bp + (int64_t)p * NR), b1 = vload(Bp + (int64_t)p * NR + VL);
-        const float *a = Ap + (int64_t)p * MR;
+        const vf b0 = vload(B + (int64_t)p * bs), b1 = vload(B + (int64_t)p * bs + VL);
         for (int i = 0; i < MR; i++) {
-            vf ai = (vf){0} + a[i];
-            c0[i] += ai * b0;
-            c1[i] += ai * b1;
+            const float a = ar[i][(int64_t)p * acs];
+            c0[i] += a * b0;   /* scalar * vector broadcasts */
+            c1[i] += a * b1;
         }
     }
     if (mr == MR && nr == NR) {
@@ -53,52 +57,89 @@ static void micro(int Kd, const float *restrict Ap, const float *restrict Bp, fl
     }
 }
 
-static void gemm_block(int M, int N, int Kd, float alpha, const float *A, int64_t lda, int ta,
+/* the two layouts of A, so that the stride of the inner loop is a constant */
+static void micro_rowA(int Kd, const float *A, int64_t lda, const float *B, int64_t bs, float alpha,
+                       int acc, float *C, int64_t ldc, int mr, int nr) {
+    micro(Kd, A, lda, 1, B, bs, alpha, acc, C, ldc, mr, nr);
+}
+static void micro_colA(int Kd, const float *A, int64_t lda, const float *B, int64_t bs, float alpha,
+                       int acc, float *C, int64_t ldc, int mr, int nr) {
+    micro(Kd, A, 1, lda, B, bs, alpha, acc, C, ldc, mr, nr);
+}
+
+/* one packed B panel per thread: Kd <= KMAX rows of NR floats */
+static _Thread_local float Bpack[KMAX * NR] __attribute__((aligned(64)));
+
+static void gemm_block(int tri, int M, int N, int Kd, float alpha, const float *A, int64_t lda, int ta,
                        const float *B, int64_t ldb, int tb, int accumulate, float *C, int64_t ldc) {
-    /* packed panels live on the stack: Kd <= KMAX rows each */
-    float Ap[KMAX * MR] __attribute__((aligned(64)));
-    float Bp[KMAX * NR] __attribute__((aligned(64)));
     for (int j0 = 0; j0 < N; j0 += NR) {
-        int nr = N - j0 < NR ? N - j0 : NR;
-        for (int p = 0; p < Kd; p++) {
-            float *dst = Bp + (int64_t)p * NR;
-            if (!tb) {
-                const float *src = B + (int64_t)p * ldb + j0;
-                for (int j = 0; j < nr; j++) dst[j] = src[j];
-            } else {
-                for (int j = 0; j < nr; j++) dst[j] = B[(int64_t)(j0 + j) * ldb + p];
+        const int nr = N - j0 < NR ? N - j0 : NR;
+        const float *Bp = B + j0;
+        int64_t bs = ldb;
+        if (tb || nr < NR) {
+            for (int p = 0; p < Kd; p++) {
+                float *dst = Bpack + (int64_t)p * NR;
+                if (!tb) memcpy(dst, B + (int64_t)p * ldb + j0, sizeof(float) * nr);
+                else for (int j = 0; j < nr; j++) dst[j] = B[(int64_t)(j0 + j) * ldb + p];
+                for (int j = nr; j < NR; j++) dst[j] = 0.f;
             }
-            for (int j = nr; j < NR; j++) dst[j] = 0.f;
+            Bp = Bpack;
+            bs = NR;
         }
         for (int i0 = 0; i0 < M; i0 += MR) {
-            int mr = M - i0 < MR ? M - i0 : MR;
-            for (int p = 0; p < Kd; p++) {
-                float *dst = Ap + (int64_t)p * MR;
-                if (!ta) for (int i = 0; i < mr; i++) dst[i] = A[(int64_t)(i0 + i) * lda + p];
-                else {
-                    const float *src = A + (int64_t)p * lda + i0;
-                    for (int i = 0; i < mr; i++) dst[i] = src[i];
-                }
-                for (int i = mr; i < MR; i++) dst[i] = 0.f;
+            const int mr = M - i0 < MR ? M - i0 : MR;
+            if ((tri & GDN_TRI_LOWER_C) && j0 > i0 + mr - 1) continue;
+            /* the reduction range [p0, p1) this row block needs */
+            int p0 = 0, p1 = Kd;
+            if ((tri & GDN_TRI_LOWER_A) && i0 + mr < p1) p1 = i0 + mr;
+            if (tri & GDN_TRI_UPPER_A) p0 = i0;
+            float *Cb = C + (int64_t)i0 * ldc + j0;
+            const float *Bq = Bp + (int64_t)p0 * bs;
+            if (p1 <= p0) {   /* nothing to sum: C block = 0 (or unchanged) */
+                if (!accumulate) for (int i = 0; i < mr; i++) memset(Cb + (int64_t)i * ldc, 0, sizeof(float) * nr);
+                continue;
             }
-            micro(Kd, Ap, Bp, alpha, accumulate, C + (int64_t)i0 * ldc + j0, ldc, mr, nr);
+            if (!ta) micro_rowA(p1 - p0, A + (int64_t)i0 * lda + p0, lda, Bq, bs, alpha, accumulate, Cb, ldc, mr, nr);
+            else micro_colA(p1 - p0, A + (int64_t)p0 * lda + i0, lda, Bq, bs, alpha, accumulate, Cb, ldc, mr, nr);
         }
     }
 }
 
 void gdn_gemm(int M, int N, int Kd, float alpha, const float *A, int64_t lda, int ta,
               const float *B, int64_t ldb, int tb, int accumulate, float *C, int64_t ldc) {
+    gdn_gemm_tri(0, M, N, Kd, alpha, A, lda, ta, B, ldb, tb, accumulate, C, ldc);
+}
+
+void gdn_gemm_tri(int tri, int M, int N, int Kd, float alpha, const float *A, int64_t lda, int ta,
+                  const float *B, int64_t ldb, int tb, int accumulate, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
+    /* triangular factors are square chunk blocks, never split below */
+    if (Kd > KMAX) tri = 0;
     if (Kd <= 0) {
         if (!accumulate) for (int i = 0; i < M; i++) memset(C + (int64_t)i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
-    /* split the reduction so packed panels fit their buffers; the split is a
+    /* split the reduction so a packed panel fits its buffer; the split is a
      * function of the shape only, so results do not depend on threads */
     for (int p0 = 0; p0 < Kd; p0 += KMAX) {
-        int kd = Kd - p0 < KMAX ? Kd - p0 : KMAX;
+        const int kd = Kd - p0 < KMAX ? Kd - p0 : KMAX;
         const float *Ak = ta ? A + (int64_t)p0 * lda : A + p0;
         const float *Bk = tb ? B + p0 : B + (int64_t)p0 * ldb;
-        gemm_block(M, N, kd, alpha, Ak, lda, ta, Bk, ldb, tb, accumulate || p0 > 0, C, ldc);
+        gemm_block(tri, M, N, kd, alpha, Ak, lda, ta, Bk, ldb, tb, accumulate || p0 > 0, C, ldc);
     }
+}
+
+float gdn_dot(const float *a, const float *b, int n) {
+    vf acc0 = (vf){0}, acc1 = (vf){0};
+    int i = 0;
+    for (; i + 2 * VL <= n; i += 2 * VL) {
+        acc0 += vload(a + i) * vload(b + i);
+        acc1 += vload(a + i + VL) * vload(b + i + VL);
+    }
+    for (; i + VL <= n; i += VL) acc0 += vload(a + i) * vload(b + i);
+    acc0 += acc1;
+    float s = 0.f;
+    for (int l = 0; l < VL; l++) s += acc0[l];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
 }

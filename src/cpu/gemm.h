@@ -11,4 +11,46 @@ void gdn_gemm(int M, int N, int Kd, float alpha,
               const float *B, int64_t ldb, int tb,
               int accumulate, float *C, int64_t ldc);
 
+/* The same, skipping work that structure makes zero or unneeded (square
+ * triangular factors inside a chunk): */
+enum {
+    GDN_TRI_LOWER_A = 1,  /* op(A)[i][p] = 0 for p > i: row i sums p <= i only        */
+    GDN_TRI_UPPER_A = 2,  /* op(A)[i][p] = 0 for p < i: row i sums p >= i only        */
+    GDN_TRI_LOWER_C = 4   /* only C[i][j], j <= i is wanted; blocks right of it skipped
+                             (elements above the diagonal inside a block are garbage) */
+};
+void gdn_gemm_tri(int tri, int M, int N, int Kd, float alpha,
+                  const float *A, int64_t lda, int ta,
+                  const float *B, int64_t ldb, int tb,
+                  int accumulate, float *C, int64_t ldc);
+
 #endif
+
+/* the build's float vector (AVX-512: 16 lanes, else 8) */
+#if defined(__AVX512F__)
+#define GDN_VL 16
+#else
+#define GDN_VL 8
+#endif
+typedef float gdn_vf __attribute__((vector_size(GDN_VL * 4)));
+
+/* sum_i a[i]*b[i] with vector accumulators (fixed order for a given n) */
+float gdn_dot(const float *a, const float *b, int n);
+
+/* exp(x) for x <= 0, ~2 ulp, written so that loops over it vectorise
+ * (libm's expf does not without -ffast-math). exp(x) below 2^-126 is 0. */
+static inline float gdn_expf(float x) {
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float k = __builtin_rintf(xc * 1.44269504088896341f);
+    float r = __builtin_fmaf(k, -0.693145751953125f, xc);
+    r = __builtin_fmaf(k, -1.428606765330187e-06f, r);
+    float p = 1.3888889e-3f;
+    p = __builtin_fmaf(p, r, 8.3333333e-3f);
+    p = __builtin_fmaf(p, r, 4.1666667e-2f);
+    p = __builtin_fmaf(p, r, 1.6666667e-1f);
+    p = __builtin_fmaf(p, r, 0.5f);
+    p = __builtin_fmaf(p, r, 1.0f);
+    p = __builtin_fmaf(p, r, 1.0f);
+    union { int i; float f; } s = { ((int)k + 127) << 23 };
+    return x < -87.0f ? 0.0f : p * s.f;
+}

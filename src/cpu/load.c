@@ -1,4 +1,5 @@
 #include <string.h>
+#include "cpu/gemm.h"
 #include "cpu/load.h"
 
 void gdn_cpu_load_qk(const gdn_plan *p, const void *x, int64_t r0, int c, int h, float *dst,
@@ -11,9 +12,7 @@ void gdn_cpu_load_qk(const gdn_plan *p, const void *x, int64_t r0, int c, int h,
         float r;
         if (rstd_in) r = rstd_in[(r0 + t) * H + h];
         else {
-            float ss = 0.f;
-            for (int i = 0; i < K; i++) ss += row[i] * row[i];
-            r = 1.0f / sqrtf(ss + GDN_L2_EPS);
+            r = 1.0f / sqrtf(gdn_dot(row, row, K) + GDN_L2_EPS);
             if (rstd_out) rstd_out[(r0 + t) * H + h] = r;
         }
         for (int i = 0; i < K; i++) row[i] *= r;
@@ -39,6 +38,27 @@ void gdn_cpu_load_beta(const gdn_plan *p, const void *b, int64_t r0, int c, int 
     if (!(p->c.flags & GDN_BETA_SIGMOID)) return;
     const float m = (p->c.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
     for (int t = 0; t < c; t++) dst[t] = m * gdn_sigmoid(dst[t]);
+}
+
+static void prefetch_rows(const void *x, size_t esz, int64_t r0, int c, int64_t row_elems, int64_t off, int n,
+                          int write) {
+    const char *base = (const char *)x + (size_t)(r0 * row_elems + off) * esz;
+    const size_t bytes = (size_t)n * esz, stride = (size_t)row_elems * esz;
+    for (int t = 0; t < c; t++)
+        for (size_t b = 0; b < bytes; b += 64) {
+            if (write) __builtin_prefetch(base + t * stride + b, 1, 2);
+            else __builtin_prefetch(base + t * stride + b, 0, 2);
+        }
+}
+
+void gdn_cpu_prefetch_chunk(const gdn_plan *p, const void *q, const void *k, const void *v,
+                            const void *o, int64_t r0, int c, int h, int j) {
+    const size_t es = gdn_dtype_size(p->c.dtype);
+    const int64_t qrow = (int64_t)p->c.H * p->c.K, vrow = (int64_t)p->c.HV * p->c.V;
+    prefetch_rows(q, es, r0, c, qrow, (int64_t)h * p->c.K, p->c.K, 0);
+    prefetch_rows(k, es, r0, c, qrow, (int64_t)h * p->c.K, p->c.K, 0);
+    prefetch_rows(v, es, r0, c, vrow, (int64_t)j * p->c.V, p->c.V, 0);
+    if (o) prefetch_rows(o, es, r0, c, vrow, (int64_t)j * p->c.V, p->c.V, 1);
 }
 
 void gdn_cpu_load_state(const gdn_plan *p, const float *src, int64_t n, int j, float *S) {

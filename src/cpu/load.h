@@ -19,6 +19,11 @@ void gdn_cpu_load_gate(const gdn_plan *p, const void *g, const float *A_log, con
                        int64_t r0, int c, int j, float *dst);
 /* beta per token for value head j (sigmoid / 2*sigmoid applied per flags). */
 void gdn_cpu_load_beta(const gdn_plan *p, const void *b, int64_t r0, int c, int j, float *dst);
+/* Prefetch rows r0..r0+c-1 of q, k (head h) and v (value head j) into the
+ * cache while the current chunk computes: rows are one head apart, a page
+ * or more, which the hardware prefetchers do not follow. */
+void gdn_cpu_prefetch_chunk(const gdn_plan *p, const void *q, const void *k, const void *v,
+                            const void *o, int64_t r0, int c, int h, int j);
 /* State of (n, j) into a k-first [K, V] fp32 matrix (zeros if src is NULL). */
 void gdn_cpu_load_state(const gdn_plan *p, const float *src, int64_t n, int j, float *S);
 void gdn_cpu_store_state(const gdn_plan *p, float *dst, int64_t n, int j, const float *S);

@@ -12,6 +12,7 @@ void gdn_cpu_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
     {
         float *S = malloc(sizeof(float) * ((size_t)K * V + 2 * K + 3 * V));
         float *q = S + (size_t)K * V, *k = q + K, *v = k + K, *u = v + V, *o = u + V;
+        const unsigned fpmode = gdn_ftz_begin();
         #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t n = task / HV;
@@ -46,5 +47,6 @@ void gdn_cpu_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
             if (a->ht) gdn_cpu_store_state(p, a->ht, n, j, S);
         }
         free(S);
+        gdn_ftz_end(fpmode);
     }
 }
