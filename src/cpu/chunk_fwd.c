@@ -93,18 +93,121 @@ void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w) {
     gdn_gemm(K, V, c, 1.f, w->Kc, K, 1, w->U, V, 0, 1, S, V);
 }
 
+/* ---- the driver ----
+ * Work items are (sequence n, value head j, segment). A segment is a run of
+ * chunks; normally one per sequence. With few (sequence, head) pairs and long
+ * sequences, sequences are cut into segments that run in parallel (DESIGN.md
+ * §8): pass 1 gives each segment its map S_out = P S_in + S_loc from a zero
+ * state, a scan over segments gives each its true S_in, pass 2 runs the
+ * segments again from there and writes o. The cut depends on the shape only,
+ * never on the thread count, so the bits do not either. */
+
+#define SPLIT_MIN_TASKS 8    /* split sequences when fewer (n, j) pairs than this */
+#define SPLIT_MIN_CHUNKS 8   /* but keep segments at least this many chunks long */
+
+static int64_t chunks_of(int64_t len) { return (len + CS - 1) / CS; }
+
+/* chunks per segment */
+static int64_t segment_chunks(const gdn_plan *p) {
+    const int64_t pairs = p->N * p->c.HV, nch = chunks_of(p->max_len);
+    if (pairs >= SPLIT_MIN_TASKS || nch < 2 * SPLIT_MIN_CHUNKS) return nch > 0 ? nch : 1;
+    const int64_t want = (SPLIT_MIN_TASKS + pairs - 1) / pairs;
+    const int64_t sc = (nch + want - 1) / want;
+    return sc < SPLIT_MIN_CHUNKS ? SPLIT_MIN_CHUNKS : sc;
+}
+
+static int64_t total_segments(const gdn_plan *p, int64_t sc) {
+    int64_t total = 0;
+    for (int64_t n = 0; n < p->N; n++) {
+        int64_t bos, len;
+        gdn_seq(p, n, &bos, &len);
+        total += len > 0 ? (chunks_of(len) + sc - 1) / sc : 1;
+    }
+    return total;
+}
+
 static size_t per_thread_floats(const gdn_plan *p) {
-    return (size_t)p->c.K * p->c.V + (size_t)CS * p->c.V + gdn_chunk_ws_floats(p->c.K, p->c.V);
+    return 2 * (size_t)p->c.K * p->c.V + (size_t)CS * p->c.V + gdn_chunk_ws_floats(p->c.K, p->c.V);
+}
+
+/* split mode: per (segment, j) a K x K map P and a K x V state */
+static size_t split_floats(const gdn_plan *p, int64_t sc) {
+    if (sc >= chunks_of(p->max_len)) return 0;
+    return (size_t)total_segments(p, sc) * p->c.HV * ((size_t)p->c.K * p->c.K + (size_t)p->c.K * p->c.V);
 }
 
 size_t gdn_cpu_chunk_fwd_ws(const gdn_plan *p) {
-    return per_thread_floats(p) * sizeof(float) * (size_t)p->threads;
+    const int64_t sc = segment_chunks(p);
+    const size_t seg_index = split_floats(p, sc) ? sizeof(int64_t) * (size_t)(p->N + 1) : 0;
+    return seg_index + (split_floats(p, sc) + per_thread_floats(p) * (size_t)p->threads) * sizeof(float);
+}
+
+/* Run tokens [t_from, t_to) of sequence n (starting at row bos), value head j,
+ * from state S (updated in place), writing o. */
+static void forward_span(const gdn_plan *p, const gdn_fwd_args *a, const chunk_in *in, int64_t bos,
+                         int64_t t_from, int64_t t_to, int j, float *S, float *O, chunk_ws *w) {
+    const int K = p->c.K, V = p->c.V, HV = p->c.HV;
+    for (int64_t t0 = t_from; t0 < t_to; t0 += CS) {
+        const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
+        gdn_chunk_prepare(p, in, bos + t0, c, j, w);
+        if (t0 + CS < t_to) {
+            const int cn = t_to - t0 - CS < CS ? (int)(t_to - t0 - CS) : CS;
+            gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, a->o, bos + t0 + CS, cn, j / p->G, j);
+        }
+        gdn_chunk_u(p, c, S, w);
+        /* O = diag(scale exp(gc)) Q S0 + P U */
+        for (int t = 0; t < c; t++) {
+            const float f = p->c.scale * w->gam[t];
+            for (int i = 0; i < K; i++) w->Q[t * K + i] *= f;
+        }
+        gdn_gemm(c, V, K, 1.f, w->Q, K, 0, S, V, 0, 0, O, V);
+        gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->P, CS, 0, w->U, V, 0, 1, O, V);
+        for (int t = 0; t < c; t++) gdn_store(p->c.dtype, a->o, ((bos + t0 + t) * HV + j) * V, O + t * V, V);
+        gdn_chunk_state_step(p, c, S, w);
+    }
+}
+
+/* Pass 1 of split mode: the segment's map from a zero state.
+ * Per chunk S1 = (exp(gc_last) I - Kd^T Wk) S0 + Kd^T Wv, so
+ *   P <- exp(gc_last) P - Kd^T (Wk P),   S_loc <- chunk step of S_loc. */
+static void transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int64_t t_from,
+                            int64_t t_to, int j, float *P, float *S, chunk_ws *w) {
+    const int K = p->c.K, V = p->c.V;
+    memset(S, 0, sizeof(float) * K * V);
+    memset(P, 0, sizeof(float) * K * K);
+    for (int i = 0; i < K; i++) P[i * K + i] = 1.f;
+    for (int64_t t0 = t_from; t0 < t_to; t0 += CS) {
+        const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
+        gdn_chunk_prepare(p, in, bos + t0, c, j, w);
+        gdn_chunk_u(p, c, S, w);
+        gdn_gemm(c, K, K, 1.f, w->Wk, K, 0, P, K, 0, 0, w->Bk, K);   /* Bk is free: Wk P */
+        gdn_chunk_state_step(p, c, S, w);                            /* Kc becomes Kd */
+        const float dl = w->gam[c - 1];
+        for (int64_t x = 0; x < (int64_t)K * K; x++) P[x] *= dl;
+        gdn_gemm(K, K, c, -1.f, w->Kc, K, 1, w->Bk, K, 0, 1, P, K);
+    }
 }
 
 void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
     const int K = p->c.K, V = p->c.V, HV = p->c.HV, G = p->G;
-    const int64_t tasks = p->N * HV;
+    const int64_t sc = segment_chunks(p);
+    const int split = split_floats(p, sc) > 0;
     gdn_saved_layout sv = gdn_saved_at(&p->c, a->saved);
+    /* workspace: [segment index N+1] [P, S per (segment, j)] [per-thread scratch] */
+    int64_t *seg0 = (int64_t *)a->workspace;
+    float *maps = (float *)(split ? seg0 + p->N + 1 : seg0);
+    float *scratch = maps + split_floats(p, sc);
+    int64_t nseg = p->N;
+    if (split) {
+        seg0[0] = 0;
+        for (int64_t n = 0; n < p->N; n++) {
+            int64_t bos, len;
+            gdn_seq(p, n, &bos, &len);
+            seg0[n + 1] = seg0[n] + (len > 0 ? (chunks_of(len) + sc - 1) / sc : 1);
+        }
+        nseg = seg0[p->N];
+    }
+    const size_t map_floats = (size_t)K * K + (size_t)K * V;
     #pragma omp parallel num_threads(p->threads)
     {
 #ifdef _OPENMP
@@ -112,39 +215,66 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
 #else
         const int tid = 0;
 #endif
-        float *S = (float *)a->workspace + per_thread_floats(p) * tid;
-        float *O = S + (size_t)K * V;
+        float *S = scratch + per_thread_floats(p) * tid;
+        float *S2 = S + (size_t)K * V, *O = S2 + (size_t)K * V;
         chunk_ws w = gdn_chunk_ws_at(O + CS * V, K, V);
         const unsigned fpmode = gdn_ftz_begin();
+        if (split) {
+            /* pass 1: every segment but each sequence's last, from zero */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < nseg * HV; item++) {
+                const int64_t sg = item / HV;
+                const int j = (int)(item % HV);
+                int64_t n = 0;
+                while (seg0[n + 1] <= sg) n++;
+                if (sg == seg0[n + 1] - 1) continue;
+                int64_t bos, len;
+                gdn_seq(p, n, &bos, &len);
+                const int64_t t_from = (sg - seg0[n]) * sc * CS, t_to = t_from + sc * CS;
+                chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, NULL, NULL, NULL, NULL };
+                float *P = maps + (size_t)(sg * HV + j) * map_floats;
+                transition_span(p, &in, bos, t_from, t_to, j, P, P + (size_t)K * K, &w);
+            }
+            /* the scan: slot S of each segment becomes its incoming state */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t pair = 0; pair < p->N * HV; pair++) {
+                const int64_t n = pair / HV;
+                const int j = (int)(pair % HV);
+                gdn_cpu_load_state(p, a->h0, n, j, S);
+                for (int64_t sg = seg0[n]; sg < seg0[n + 1]; sg++) {
+                    float *P = maps + (size_t)(sg * HV + j) * map_floats, *Sl = P + (size_t)K * K;
+                    const int last = sg + 1 == seg0[n + 1];
+                    if (!last) {                                   /* S_out = P S_in + S_loc */
+                        memcpy(S2, Sl, sizeof(float) * K * V);
+                        gdn_gemm(K, V, K, 1.f, P, K, 0, S, V, 0, 1, S2, V);
+                    }
+                    memcpy(Sl, S, sizeof(float) * K * V);
+                    if (!last) memcpy(S, S2, sizeof(float) * K * V);
+                }
+            }
+        }
+        /* pass 2 (or the only pass): each segment from its incoming state, writing o */
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            const int64_t n = task / HV;
-            const int j = (int)(task % HV);
+        for (int64_t item = 0; item < nseg * HV; item++) {
+            const int64_t sg = item / HV;
+            const int j = (int)(item % HV);
+            int64_t n = sg, t_from = 0, t_to;
+            int64_t bos, len;
+            if (split) { n = 0; while (seg0[n + 1] <= sg) n++; }
+            gdn_seq(p, n, &bos, &len);
+            t_to = len;
+            if (split) {
+                t_from = (sg - seg0[n]) * sc * CS;
+                if (t_from + sc * CS < len) t_to = t_from + sc * CS;
+                memcpy(S, maps + (size_t)(sg * HV + j) * map_floats + (size_t)K * K, sizeof(float) * K * V);
+            } else {
+                gdn_cpu_load_state(p, a->h0, n, j, S);
+            }
             const int first_of_group = j % G == 0;   /* one writer of the shared q/k rstd */
             chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, NULL, NULL,
                             first_of_group ? sv.rstd_q : NULL, first_of_group ? sv.rstd_k : NULL };
-            int64_t bos, len;
-            gdn_seq(p, n, &bos, &len);
-            gdn_cpu_load_state(p, a->h0, n, j, S);
-            for (int64_t t0 = 0; t0 < len; t0 += CS) {
-                const int c = len - t0 < CS ? (int)(len - t0) : CS;
-                gdn_chunk_prepare(p, &in, bos + t0, c, j, &w);
-                if (t0 + CS < len) {
-                    const int cn = len - t0 - CS < CS ? (int)(len - t0 - CS) : CS;
-                    gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, a->o, bos + t0 + CS, cn, j / G, j);
-                }
-                gdn_chunk_u(p, c, S, &w);
-                /* O = diag(scale exp(gc)) Q S0 + P U */
-                for (int t = 0; t < c; t++) {
-                    const float f = p->c.scale * w.gam[t];
-                    for (int i = 0; i < K; i++) w.Q[t * K + i] *= f;
-                }
-                gdn_gemm(c, V, K, 1.f, w.Q, K, 0, S, V, 0, 0, O, V);
-                gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w.P, CS, 0, w.U, V, 0, 1, O, V);
-                for (int t = 0; t < c; t++) gdn_store(p->c.dtype, a->o, ((bos + t0 + t) * HV + j) * V, O + t * V, V);
-                gdn_chunk_state_step(p, c, S, &w);
-            }
-            if (a->ht) gdn_cpu_store_state(p, a->ht, n, j, S);
+            forward_span(p, a, &in, bos, t_from, t_to, j, S, O, &w);
+            if (a->ht && t_to == len) gdn_cpu_store_state(p, a->ht, n, j, S);
         }
         gdn_ftz_end(fpmode);
     }
