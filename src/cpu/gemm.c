@@ -7,6 +7,9 @@
  * width follows the build target (AVX-512: 16 floats, else 8) through
  * GCC/Clang vector extensions, so the same source compiles everywhere. */
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include "cpu/gemm.h"
 
 #define VL GDN_VL
@@ -67,6 +70,51 @@ static void micro_colA(int Kd, const float *A, int64_t lda, const float *B, int6
     micro(Kd, A, 1, lda, B, bs, alpha, acc, C, ldc, mr, nr);
 }
 
+/* dst[p*ld + j] = src[j*ls + p] for j < nj, p < np: the transposed pack.
+ * Scalar moves cost as much as the product itself for a 64 x 128 x 128
+ * block, so full 16 x 16 tiles go through registers. */
+#if defined(__AVX512F__)
+static void tile16(const float *s, int64_t ls, float *d, int64_t ld) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(s + i * ls);
+    for (int i = 0; i < 16; i += 2) {          /* 32-bit interleave of row pairs */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {          /* 64-bit interleave: 4 rows per 128-bit lane */
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    /* r[4g + m] holds columns m, m+4, m+8, m+12 of rows 4g..4g+3, one per lane */
+    for (int m = 0; m < 4; m++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88);      /* col m, m+8 of rows 0-7  */
+        const __m512 v1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);      /* col m+4, m+12           */
+        const __m512 v2 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88); /* col m, m+8 of rows 8-15 */
+        const __m512 v3 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
+        _mm512_storeu_ps(d + (m) * ld, _mm512_shuffle_f32x4(v0, v2, 0x88));
+        _mm512_storeu_ps(d + (m + 8) * ld, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+        _mm512_storeu_ps(d + (m + 4) * ld, _mm512_shuffle_f32x4(v1, v3, 0x88));
+        _mm512_storeu_ps(d + (m + 12) * ld, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+    }
+}
+#endif
+
+static void transpose(const float *src, int64_t ls, int nj, int np, float *dst, int64_t ld) {
+    int p0 = 0, j0 = 0;
+#if defined(__AVX512F__)
+    for (j0 = 0; j0 + 16 <= nj; j0 += 16)
+        for (int p = 0; p + 16 <= np; p += 16) tile16(src + (int64_t)j0 * ls + p, ls, dst + (int64_t)p * ld + j0, ld);
+    p0 = np / 16 * 16;
+    /* ragged edges: columns p >= p0 for the tiled rows, then the leftover rows */
+    for (int j = 0; j < j0; j++)
+        for (int p = p0; p < np; p++) dst[(int64_t)p * ld + j] = src[(int64_t)j * ls + p];
+#endif
+    for (int j = j0; j < nj; j++)
+        for (int p = 0; p < np; p++) dst[(int64_t)p * ld + j] = src[(int64_t)j * ls + p];
+}
+
 /* one packed B panel per thread: Kd <= KMAX rows of NR floats */
 static _Thread_local float Bpack[KMAX * NR] __attribute__((aligned(64)));
 
@@ -77,10 +125,10 @@ static void gemm_block(int tri, int M, int N, int Kd, float alpha, const float *
         const float *Bp = B + j0;
         int64_t bs = ldb;
         if (tb || nr < NR) {
+            if (tb) transpose(B + (int64_t)j0 * ldb, ldb, nr, Kd, Bpack, NR);
             for (int p = 0; p < Kd; p++) {
                 float *dst = Bpack + (int64_t)p * NR;
                 if (!tb) memcpy(dst, B + (int64_t)p * ldb + j0, sizeof(float) * nr);
-                else for (int j = 0; j < nr; j++) dst[j] = B[(int64_t)(j0 + j) * ldb + p];
                 for (int j = nr; j < NR; j++) dst[j] = 0.f;
             }
             Bp = Bpack;

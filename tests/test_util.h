@@ -1,0 +1,64 @@
+/* Shared helpers of the gdn test program: random numbers, dtype rounding,
+ * poisoning, comparison against the float64 reference, pass/fail counting. */
+#ifndef GDN_TEST_UTIL_H
+#define GDN_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gdn.h"
+
+/* ---- counters and reporting ---- */
+extern long g_passed, g_failed;
+extern int g_quick;     /* GDN_TEST_QUICK set: lighter sweep */
+extern int g_verbose;   /* GDN_TEST_VERBOSE set: print every check */
+extern uint64_t g_base_seed;
+
+/* Count one check; on failure print "FAIL <ctx>: <msg>". Returns ok. */
+int check(int ok, const char *ctx, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ---- random numbers (splitmix64 seeded xoshiro256**) ---- */
+typedef struct rng { uint64_t s[4]; } rng;
+void rng_seed(rng *r, uint64_t seed);
+uint64_t rng_u64(rng *r);
+double rng_uniform(rng *r);               /* [0, 1) */
+double rng_normal(rng *r);                /* N(0, 1) */
+int64_t rng_int(rng *r, int64_t lo, int64_t hi);  /* [lo, hi] */
+uint64_t mix_seed(uint64_t base, uint64_t salt);
+
+/* ---- dtypes ---- */
+uint16_t t_f32_to_bf16(float f);
+float t_bf16_to_f32(uint16_t h);
+uint16_t t_f32_to_f16(float f);
+float t_f16_to_f32(uint16_t h);
+size_t t_dsize(gdn_dtype t);
+/* round f to dtype t, store element i of buffer p; returns the stored value */
+double t_store(gdn_dtype t, void *p, size_t i, float f);
+double t_get(gdn_dtype t, const void *p, size_t i);
+void t_poison_nan(gdn_dtype t, void *p, size_t n);
+void *t_alloc(size_t bytes);                        /* never NULL, even for 0 bytes */
+const char *t_dtype_name(gdn_dtype t);
+void flags_str(unsigned flags, char *buf, size_t n);
+
+/* ---- comparison ----
+ * rel = ||out - ref||_F / ||ref||_F (absolute error when ||ref|| < 1e-9);
+ * fails on any non-finite element of out. Counts one check. */
+int check_close(const char *ctx, const char *what, gdn_dtype t, const void *out,
+                const double *ref, size_t n, double bound);
+/* same, for a double array (reference self-checks) */
+double rel_err_d(const double *a, const double *ref, size_t n, int *nonfinite);
+
+/* bounds of DESIGN.md §5 */
+double bound_fwd(gdn_dtype t);
+double bound_grad(gdn_dtype t);
+
+/* ---- test groups ---- */
+void test_ref_selfcheck(void);
+void test_backend(void);
+void test_standalone(void);
+void test_errors(void);
+
+#endif
