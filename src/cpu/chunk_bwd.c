@@ -244,6 +244,9 @@ void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
                     const int c = len - ci * CS < CS ? (int)(len - ci * CS) : CS;
                     memcpy(s.states + ci * K * V, s.S, sizeof(float) * K * V);
                     gdn_chunk_prepare(p, &in, bos + ci * CS, c, j, &s.w);
+                    if (ci + 1 < nch)
+                        gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, NULL, bos + (ci + 1) * CS,
+                                               len - (ci + 1) * CS < CS ? (int)(len - (ci + 1) * CS) : CS, h, j);
                     gdn_chunk_u(p, c, s.S, &s.w);
                     gdn_chunk_state_step(p, c, s.S, &s.w);
                 }
@@ -253,6 +256,10 @@ void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
                     const int c = len - ci * CS < CS ? (int)(len - ci * CS) : CS;
                     const float *S0 = s.states + ci * K * V;
                     gdn_chunk_prepare(p, &in, bos + ci * CS, c, j, &s.w);
+                    if (ci > 0) {   /* the reverse sweep walks backwards: fetch the chunk before */
+                        gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, NULL, bos + (ci - 1) * CS, CS, h, j);
+                        gdn_cpu_prefetch_chunk(p, NULL, NULL, a->dout, NULL, bos + (ci - 1) * CS, CS, h, j);
+                    }
                     gdn_chunk_u(p, c, S0, &s.w);
                     chunk_backward(p, a, bos + ci * CS, c, j, S0, &s, &dA_log_acc, &ddt_acc);
                     float *dq = s.dQacc + ci * CS * K, *dk = s.dKacc + ci * CS * K;

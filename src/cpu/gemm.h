@@ -37,10 +37,11 @@ typedef float gdn_vf __attribute__((vector_size(GDN_VL * 4)));
 /* sum_i a[i]*b[i] with vector accumulators (fixed order for a given n) */
 float gdn_dot(const float *a, const float *b, int n);
 
-/* exp(x) for x <= 0, ~2 ulp, written so that loops over it vectorise
- * (libm's expf does not without -ffast-math). exp(x) below 2^-126 is 0. */
+/* exp(x), ~2 ulp, written so that loops over it vectorise (libm's expf
+ * does not without -ffast-math). Results below 2^-126 are 0; x is meant to
+ * be <= 0 (decays) and is clamped at 88 above. */
 static inline float gdn_expf(float x) {
-    const float xc = x < -87.0f ? -87.0f : x;
+    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     const float k = __builtin_rintf(xc * 1.44269504088896341f);
     float r = __builtin_fmaf(k, -0.693145751953125f, xc);
     r = __builtin_fmaf(k, -1.428606765330187e-06f, r);
@@ -51,6 +52,6 @@ static inline float gdn_expf(float x) {
     p = __builtin_fmaf(p, r, 0.5f);
     p = __builtin_fmaf(p, r, 1.0f);
     p = __builtin_fmaf(p, r, 1.0f);
-    union { int i; float f; } s = { ((int)k + 127) << 23 };
+    union { uint32_t i; float f; } s = { (uint32_t)((int)k + 127) << 23 };
     return x < -87.0f ? 0.0f : p * s.f;
 }

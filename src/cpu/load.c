@@ -55,9 +55,9 @@ void gdn_cpu_prefetch_chunk(const gdn_plan *p, const void *q, const void *k, con
                             const void *o, int64_t r0, int c, int h, int j) {
     const size_t es = gdn_dtype_size(p->c.dtype);
     const int64_t qrow = (int64_t)p->c.H * p->c.K, vrow = (int64_t)p->c.HV * p->c.V;
-    prefetch_rows(q, es, r0, c, qrow, (int64_t)h * p->c.K, p->c.K, 0);
-    prefetch_rows(k, es, r0, c, qrow, (int64_t)h * p->c.K, p->c.K, 0);
-    prefetch_rows(v, es, r0, c, vrow, (int64_t)j * p->c.V, p->c.V, 0);
+    if (q) prefetch_rows(q, es, r0, c, qrow, (int64_t)h * p->c.K, p->c.K, 0);
+    if (k) prefetch_rows(k, es, r0, c, qrow, (int64_t)h * p->c.K, p->c.K, 0);
+    if (v) prefetch_rows(v, es, r0, c, vrow, (int64_t)j * p->c.V, p->c.V, 0);
     if (o) prefetch_rows(o, es, r0, c, vrow, (int64_t)j * p->c.V, p->c.V, 1);
 }
 

@@ -21,7 +21,8 @@ void gdn_cpu_load_gate(const gdn_plan *p, const void *g, const float *A_log, con
 void gdn_cpu_load_beta(const gdn_plan *p, const void *b, int64_t r0, int c, int j, float *dst);
 /* Prefetch rows r0..r0+c-1 of q, k (head h) and v (value head j) into the
  * cache while the current chunk computes: rows are one head apart, a page
- * or more, which the hardware prefetchers do not follow. */
+ * or more, which the hardware prefetchers do not follow. Any pointer may be
+ * NULL; v-shaped rows of v are read, of o written. */
 void gdn_cpu_prefetch_chunk(const gdn_plan *p, const void *q, const void *k, const void *v,
                             const void *o, int64_t r0, int c, int h, int j);
 /* State of (n, j) into a k-first [K, V] fp32 matrix (zeros if src is NULL). */
