@@ -28,7 +28,7 @@ typedef struct bwd_ws {
     float *S, *dS, *states, *dQacc, *dKacc;
     float *dO, *dU, *dBv;                       /* [CS,V] */
     float *X, *dQc, *dKc, *dKd, *dWk, *dBk;     /* [CS,K] */
-    float *dP, *dTm, *tmp, *dA;                 /* [CS,CS] */
+    float *dP, *dTm, *tmp, *dA, *Rg;            /* [CS,CS] */
     float *dgc, *dbeta, *row;                   /* [CS]   */
     chunk_ws w;
 } bwd_ws;
@@ -38,7 +38,7 @@ static int64_t chunks_of(int64_t len) { return (len + CS - 1) / CS; }
 static size_t per_thread_floats(const gdn_plan *p) {
     const size_t K = p->c.K, V = p->c.V, L = (size_t)p->max_len;
     return 2 * K * V + (size_t)chunks_of(p->max_len) * K * V + 2 * L * K
-         + 3 * CS * V + 6 * CS * K + 4 * CS * CS + 3 * CS + (K > V ? K : V)
+         + 3 * CS * V + 6 * CS * K + 5 * CS * CS + 3 * CS + (K > V ? K : V)
          + gdn_chunk_ws_floats(p->c.K, p->c.V);
 }
 
@@ -57,7 +57,7 @@ static bwd_ws bwd_ws_at(const gdn_plan *p, float *b) {
     s.dO = b; b += CS * V;  s.dU = b; b += CS * V;  s.dBv = b; b += CS * V;
     s.X = b; b += CS * K;  s.dQc = b; b += CS * K;  s.dKc = b; b += CS * K;
     s.dKd = b; b += CS * K;  s.dWk = b; b += CS * K;  s.dBk = b; b += CS * K;
-    s.dP = b; b += CS * CS;  s.dTm = b; b += CS * CS;  s.tmp = b; b += CS * CS;  s.dA = b; b += CS * CS;
+    s.dP = b; b += CS * CS;  s.dTm = b; b += CS * CS;  s.tmp = b; b += CS * CS;  s.dA = b; b += CS * CS;  s.Rg = b; b += CS * CS;
     s.dgc = b; b += CS;  s.dbeta = b; b += CS;  s.row = b; b += (K > V ? K : V);
     s.w = gdn_chunk_ws_at(b, K, V);
     return s;
@@ -71,7 +71,14 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     chunk_ws *w = &s->w;
     const float dlast = w->gam[c - 1];
     for (int t = 0; t < c; t++) gdn_load(p->c.dtype, a->dout, ((r0 + t) * HV + j) * V, s->dO + t * V, V);
+    /* Gate gradient terms come in two kinds: dgc_t += x_t from exp(gc_t)
+     * factors, and pair terms R_ts (s < t) from exp(gc_t - gc_s), which add
+     * R to dgc_t and subtract it from dgc_s. Pairs are kept apart in Rg and
+     * summed straight into dg_t = sum_{t' >= t, s < t} R_t's, so an O(1)
+     * pair never cancels against itself and buries the tiny dg of a hard
+     * decay in rounding. */
     memset(s->dgc, 0, sizeof(float) * CS);
+    for (int t = 0; t < c; t++) memset(s->Rg + t * CS, 0, sizeof(float) * c);
     memset(s->dbeta, 0, sizeof(float) * CS);
 
     /* dKd = U dS^T, and Kd into dWk as scratch: dU = P^T dO + Kd dS */
@@ -84,11 +91,9 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     gdn_gemm(c, V, K, 1.f, s->dWk, K, 0, s->dS, V, 0, 1, s->dU, V);
     /* S1 = exp(gc_last) S0 + Kd^T U: the gate terms and dK from Kd */
     s->dgc[c - 1] += dlast * gdn_dot(S0, s->dS, K * V);
-    for (int t = 0; t < c; t++) {
+    for (int t = 0; t < c - 1; t++) {   /* pair (last, t); t = last is no pair */
         const float e = w->E[(c - 1) * CS + t];
-        const float d = e * gdn_dot(w->Kc + t * K, s->dKd + t * K, K);
-        s->dgc[c - 1] += d;
-        s->dgc[t] -= d;
+        s->Rg[(c - 1) * CS + t] += e * gdn_dot(w->Kc + t * K, s->dKd + t * K, K);
     }
 
     /* dP = dO U^T on s <= t; P_ts = scale q.k exp(gc_t - gc_s) so the gc terms
@@ -97,12 +102,11 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     for (int t = 0; t < c; t++) {
         float *dPt = s->dP + t * CS;
         const float *Pt = w->P + t * CS;
-        for (int u = 0; u <= t; u++) {
-            const float r = dPt[u] * Pt[u];
-            s->dgc[t] += r;
-            s->dgc[u] -= r;
+        for (int u = 0; u < t; u++) {   /* pairs (t, u); the diagonal is none */
+            s->Rg[t * CS + u] += dPt[u] * Pt[u];
             dPt[u] *= scale * w->E[t * CS + u];
         }
+        dPt[t] *= scale;
         for (int u = t + 1; u < c; u++) dPt[u] = 0.f;
     }
     /* O's first term scale exp(gc_t) S0^T q_t: X = dO S0^T */
@@ -156,10 +160,8 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
         for (int u = 0; u < t; u++) {
             const float e = w->E[t * CS + u];
             const float E = dAt[u] * e;
-            const float r = E * w->beta[t] * w->KK[t * CS + u];   /* dA_ts * A_ts */
             s->dbeta[t] += E * w->KK[t * CS + u];
-            s->dgc[t] += r;
-            s->dgc[u] -= r;
+            s->Rg[t * CS + u] += E * w->beta[t] * w->KK[t * CS + u];   /* dA_ts * A_ts */
             dAt[u] = w->beta[t] * E;
         }
         for (int u = t; u < c; u++) dAt[u] = 0.f;
@@ -170,8 +172,15 @@ static void chunk_backward(const gdn_plan *p, const gdn_bwd_args *a, int64_t r0,
     /* dg = reverse cumsum of dgc; then through the fused gate */
     if (a->g) {
         const unsigned f = p->c.flags;
-        float acc = 0.f;
-        for (int t = c - 1; t >= 0; t--) { acc += s->dgc[t]; s->row[t] = acc; }
+        /* dg_t = sum_{t'>=t} x_t' + sum_{t'>=t} sum_{s<t} R_t's, in double */
+        double colsum[CS] = {0}, acc = 0;
+        for (int t = c - 1; t >= 0; t--) {
+            double pre = 0;                  /* row t: prefix sums over s into colsum */
+            const float *Rt = s->Rg + t * CS;
+            for (int u = 0; u <= t; u++) { colsum[u] += pre; pre += Rt[u]; }
+            acc += s->dgc[t];
+            s->row[t] = (float)(acc + colsum[t]);
+        }
         if (f & GDN_GATE_FUSED) {
             const float A = -expf(a->A_log[j]), bias = a->dt_bias ? a->dt_bias[j] : 0.f;
             for (int t = 0; t < c; t++) {
