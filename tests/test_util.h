@@ -44,7 +44,7 @@ const char *t_dtype_name(gdn_dtype t);
 void flags_str(unsigned flags, char *buf, size_t n);
 
 /* ---- comparison ----
- * rel = ||out - ref||_F / ||ref||_F (absolute error when ||ref|| < 1e-9);
+ * rel = ||out - ref||_F / ||ref||_F (absolute error when ||ref|| < 1e-9, 1e-4 for f16);
  * fails on any non-finite element of out. Counts one check. */
 int check_close(const char *ctx, const char *what, gdn_dtype t, const void *out,
                 const double *ref, size_t n, double bound);

@@ -177,10 +177,9 @@ void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
         for (int j = 0; j < HV; j++) {
             const int h = j / G;
             /* forward sweep, keeping every state */
-            double *S = states;
             for (int i = 0; i < K; i++)
                 for (int col = 0; col < V; col++)
-                    S[i * V + col] = in->h0 ? in->h0[state_index(c, n, j, i, col)] : 0.0;
+                    states[i * V + col] = in->h0 ? in->h0[state_index(c, n, j, i, col)] : 0.0;
             for (int64_t t = 0; t < len; t++) {
                 const int64_t r = bos + t;
                 double *q = qs + t * K, *k = ks + t * K, *u = us + t * V, *w = ws + t * V;
