@@ -68,6 +68,11 @@ typedef struct gdn_exec {
     gdn_backend backend;
     void *stream;   /* cudaStream_t for CUDA (NULL = default stream); unused on CPU */
     int threads;    /* CPU worker threads; 0 = OpenMP's default                    */
+    int seq_split;  /* chunk path: cut each sequence into at most this many segments
+                       that run in parallel (DESIGN.md §8). 0 = automatic, from the
+                       shape alone (few sequences x heads, long sequences); 1 = never.
+                       Results are deterministic for a given shape and seq_split,
+                       whatever the thread count.                                    */
 } gdn_exec;
 
 /* ---- the gated delta rule: chunked and recurrent ------------------------ */

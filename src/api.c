@@ -57,7 +57,7 @@ int gdn_backend_available(gdn_backend b) { return b == GDN_BACKEND_CPU; }
 
 static int valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
 
-static gdn_status check_exec(const gdn_exec *ex, int *threads) {
+static gdn_status check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
     gdn_backend b = ex ? ex->backend : GDN_BACKEND_CPU;
     CHECK(b == GDN_BACKEND_CPU || b == GDN_BACKEND_CUDA, GDN_ERR_BACKEND, "unknown backend (%d)", (int)b);
     CHECK(gdn_backend_available(b), GDN_ERR_BACKEND, "backend %s is not built into this library",
@@ -70,13 +70,16 @@ static gdn_status check_exec(const gdn_exec *ex, int *threads) {
     t = 1;
 #endif
     *threads = t < 1 ? 1 : t;
+    const int sp = ex ? ex->seq_split : 0;
+    CHECK(sp >= 0, GDN_ERR_OPTION, "seq_split (%d) must be >= 0", sp);
+    if (seq_split) *seq_split = sp;
     return GDN_OK;
 }
 
 /* Validate a gated-delta-rule config and resolve it into a plan. */
 static gdn_status make_plan(const gdn_exec *ex, const gdn_config *cfg, gdn_plan *p) {
     NEED(cfg, "");
-    gdn_status s = check_exec(ex, &p->threads);
+    gdn_status s = check_exec(ex, &p->threads, &p->seq_split);
     if (s) return s;
     const gdn_config *c = cfg;
     CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%lld) must be >= 0", (long long)c->B);
@@ -231,7 +234,7 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
 
 static gdn_status check_rows(const gdn_exec *ex, int64_t rows, int dim, const char *dim_name, gdn_dtype t,
                              int *threads) {
-    gdn_status s = check_exec(ex, threads);
+    gdn_status s = check_exec(ex, threads, NULL);
     if (s) return s;
     CHECK(rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)rows);
     CHECK(dim >= 1, GDN_ERR_SHAPE, "%s (%d) must be >= 1", dim_name, dim);

@@ -36,6 +36,7 @@ typedef struct gdn_plan {
     int64_t N;           /* sequences                                         */
     int G;               /* HV / H                                            */
     int threads;         /* resolved CPU threads (>= 1)                       */
+    int seq_split;       /* gdn_exec.seq_split                                 */
     int64_t max_len;     /* longest sequence                                  */
 } gdn_plan;
 

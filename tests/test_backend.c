@@ -25,6 +25,7 @@ typedef struct tcase {
     float scale;
     int gmode, bmode;
     int h0, ht, dht, dh0, dtb;
+    int split;              /* gdn_exec.seq_split for the chunk ops (0 = auto) */
 } tcase;
 
 static double *dalloc(size_t n) { return t_alloc(n * sizeof(double)); }
@@ -44,10 +45,10 @@ static void case_ctx(const tcase *tc, const char *op, int threads, uint64_t seed
     if (tc->scale == 0.f) snprintf(sc, sizeof sc, "default");
     else snprintf(sc, sizeof sc, "%g", (double)tc->scale);
     snprintf(buf, n, "op=%s backend=cpu threads=%d flags=%s shape=%s dtype=%s gate_dtype=%s g=%s%s beta=%s "
-             "h0=%d ht=%d dht=%d dh0=%d scale=%s seed=%llu case=%ld(seed %llu)",
+             "h0=%d ht=%d dht=%d dh0=%d scale=%s seq_split=%d seed=%llu case=%ld(seed %llu)",
              op, threads, fl, shape, t_dtype_name(tc->dt), t_dtype_name(tc->gdt), gmode_name[tc->gmode],
              (tc->flags & GDN_GATE_FUSED) ? (tc->dtb ? "(dt_bias)" : "(dt_bias NULL)") : "",
-             bmode_name[tc->bmode], tc->h0, tc->ht, tc->dht, tc->dh0, sc,
+             bmode_name[tc->bmode], tc->h0, tc->ht, tc->dht, tc->dh0, sc, tc->split,
              (unsigned long long)g_base_seed, idx, (unsigned long long)seed);
 }
 
@@ -180,12 +181,12 @@ static void run_case(const tcase *tc, long idx) {
     /* ---- forward: chunk and recurrent, threads 1 and 2 ---- */
     const size_t saved_bytes = gdn_chunk_saved_size(&c);
     void *saved_keep = t_alloc(saved_bytes);
-    void *o = t_alloc(nv * dsz), *saved = t_alloc(saved_bytes);
+    void *o = t_alloc(nv * dsz), *saved = t_alloc(saved_bytes), *o_keep = t_alloc(nv * dsz);
     float *ht = t_alloc(sizeof(float) * nst);
     for (int op = 0; op < 2; op++) {
         for (int ti = 0; ti < 2; ti++) {
             const int threads = ti + 1;
-            gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads};
+            gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads, tc->split};
             case_ctx(&shown, op == 0 ? "chunk_fwd" : "recurrent_fwd", threads, seed, idx, ctx, sizeof ctx);
             const size_t ws_bytes = op == 0 ? gdn_chunk_fwd_workspace_size(&ex, &c) : 0;
             void *ws = t_alloc(ws_bytes);
@@ -205,7 +206,9 @@ static void run_case(const tcase *tc, long idx) {
                 check(gdn_last_error()[0] == 0, ctx, "gdn_last_error() not empty after success: \"%s\"", gdn_last_error());
                 check_close(ctx, "o", tc->dt, o, o_ref, nv, bf);
                 if (tc->ht) check_close(ctx, "ht", GDN_F32, ht, ht_ref, nst, bf);
-                if (op == 0 && threads == 1) memcpy(saved_keep, saved, saved_bytes);
+                if (op == 0 && threads == 1) { memcpy(saved_keep, saved, saved_bytes); memcpy(o_keep, o, nv * dsz); }
+                if (op == 0 && threads == 2)
+                    check(memcmp(o_keep, o, nv * dsz) == 0, ctx, "o [determinism]: not bit-identical, threads=1 vs threads=2");
             }
             free(ws);
         }
@@ -235,8 +238,9 @@ static void run_case(const tcase *tc, long idx) {
     for (int run = 0; run < 4; run++) {
         /* threads 1, threads 2, threads 2 again, exec NULL (all threads): the bits must agree */
         const int threads = run == 0 ? 1 : run <= 2 ? 2 : 0;
-        gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads};
-        const gdn_exec *exp_ = run == 3 ? NULL : &ex;
+        gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads, tc->split};
+        /* run 3: the library's defaults (exec NULL), or all threads with the case's seq_split */
+        const gdn_exec *exp_ = run == 3 && tc->split == 0 ? NULL : &ex;
         case_ctx(&shown, "chunk_bwd", threads, seed, idx, ctx, sizeof ctx);
         const size_t ws_bytes = gdn_chunk_bwd_workspace_size(exp_, &c);
         void *ws = t_alloc(ws_bytes);
@@ -285,7 +289,7 @@ static void run_case(const tcase *tc, long idx) {
     for (int run = 0; run < 4; run++)
         for (int i = 0; i < 8; i++) free(outs[run][i]);
 
-    free(o); free(saved); free(saved_keep); free(ht);
+    free(o); free(o_keep); free(saved); free(saved_keep); free(ht);
     tens_free(&q); tens_free(&k); tens_free(&v); tens_free(&g); tens_free(&beta); tens_free(&dout);
     free(A_log); free(dt_bias); free(A_logd); free(dt_biasd); free(h0); free(dht); free(h0d); free(dhtd);
     free(o_ref); free(ht_ref);
@@ -404,8 +408,9 @@ void test_backend(void) {
         tc = base_case(1, 65, 2, 2, 200, 72, GDN_F16, ALL); run(&tc);
     }
 
-    /* D: long sequences with few (sequence, head) pairs: the chunk forward cuts
-     * them into segments joined by a scan (DESIGN.md §8) */
+    /* D: long sequences with few (sequence, head) pairs: the chunk path cuts
+     * them into segments joined by a scan (DESIGN.md §8), automatically for a
+     * lone pair and on request (seq_split) otherwise */
     {
         int64_t Tlong = rng_int(&r, 1500, 2600);
         if (Tlong % 64 == 0) Tlong++;
@@ -413,6 +418,9 @@ void test_backend(void) {
         tcase tc = base_case(1, 1024, 1, 1, 32, 32, GDN_F32, ALL2); run(&tc);
         tc = base_case(1, Tlong, 1, 2, 24, 40, GDN_F32, ALL); tc.gmode = G_HARD; run(&tc);
         tc = base_case(1, 0, 1, 2, 16, 16, GDN_BF16, 0); set_lens(&tc, lens_long, 4); run(&tc);
+        tc = base_case(1, Tlong, 1, 2, 24, 40, GDN_F32, ALL); tc.split = 3; run(&tc);
+        tc = base_case(1, 700, 2, 4, 32, 24, GDN_F32, ALL2); tc.split = 5; run(&tc);
+        tc = base_case(1, 0, 1, 2, 16, 16, GDN_F32, GDN_GATE_FUSED); set_lens(&tc, lens_long, 4); tc.split = 4; run(&tc);
         if (!g_quick) {
             tc = base_case(2, 1300, 1, 2, 64, 64, GDN_F32, GDN_GATE_FUSED | GDN_STATE_V_FIRST); tc.h0 = 0; run(&tc);
             tc = base_case(1, Tlong, 2, 4, 48, 32, GDN_F16, GDN_QK_L2NORM); tc.gdt = GDN_F16; tc.gmode = G_ZERO; run(&tc);

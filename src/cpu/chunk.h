@@ -43,4 +43,29 @@ void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w);
 /* S <- exp(gc_last) S + (exp(gc_last - gc) K)^T U ; clobbers w->Kc */
 void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w);
 
+/* ---- segments (DESIGN.md §8) ----
+ * A sequence is cut into segments of sc chunks that run in parallel; each
+ * maps its incoming state as S_out = P S_in + S_loc. The cut depends on the
+ * shape and gdn_exec.seq_split only, never on the thread count. */
+static inline int64_t gdn_chunks_of(int64_t len) { return (len + CS - 1) / CS; }
+/* chunks per segment, given how many parallel items there are without a cut;
+ * >= the longest sequence's chunk count when nothing is cut */
+int64_t gdn_segment_chunks(const gdn_plan *p, int64_t items);
+static inline int gdn_is_split(const gdn_plan *p, int64_t sc) { return sc < gdn_chunks_of(p->max_len); }
+static inline int64_t gdn_segments_of(int64_t len, int64_t sc) { return len > 0 ? (gdn_chunks_of(len) + sc - 1) / sc : 1; }
+int64_t gdn_total_segments(const gdn_plan *p, int64_t sc);
+/* seg0[n] = index of sequence n's first segment, n = 0..N */
+void gdn_segment_index(const gdn_plan *p, int64_t sc, int64_t *seg0);
+/* sequence of segment sg (seg0 from gdn_segment_index) */
+static inline int64_t gdn_segment_seq(const gdn_plan *p, const int64_t *seg0, int64_t sg) {
+    int64_t n = 0;
+    while (seg0[n + 1] <= sg) n++;
+    (void)p;
+    return n;
+}
+/* The map of tokens [t_from, t_to) of sequence n (rows from bos), value head j:
+ * P [K,K] and S_loc [K,V], the final state from a zero one. */
+void gdn_transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int64_t t_from,
+                         int64_t t_to, int j, float *P, float *S, chunk_ws *w);
+
 #endif

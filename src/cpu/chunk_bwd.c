@@ -33,27 +33,45 @@ typedef struct bwd_ws {
     chunk_ws w;
 } bwd_ws;
 
-static int64_t chunks_of(int64_t len) { return (len + CS - 1) / CS; }
+/* chunks per segment and the longest span one task covers */
+static int64_t seg_chunks(const gdn_plan *p) { return gdn_segment_chunks(p, p->N * p->c.H); }
+static int64_t span_max(const gdn_plan *p) {
+    const int64_t s = seg_chunks(p) * CS;
+    return s < p->max_len ? s : p->max_len;
+}
 
 static size_t per_thread_floats(const gdn_plan *p) {
-    const size_t K = p->c.K, V = p->c.V, L = (size_t)p->max_len;
-    return 2 * K * V + (size_t)chunks_of(p->max_len) * K * V + 2 * L * K
+    const size_t K = p->c.K, V = p->c.V, L = (size_t)span_max(p);
+    return 2 * K * V + (size_t)gdn_chunks_of(span_max(p)) * K * V + 2 * L * K
          + 3 * CS * V + 6 * CS * K + 5 * CS * CS + 3 * CS + (K > V ? K : V)
          + gdn_chunk_ws_floats(p->c.K, p->c.V);
 }
 
-static size_t partials_bytes(const gdn_plan *p) { return sizeof(double) * 2 * (size_t)(p->N * p->c.HV); }
+/* [seg0: N+1 int64][partial dA_log, ddt_bias: 2 x nseg*HV double]
+ * [split only: per (segment, j) P (K,K), S_in (K,V), dS_out (K,V)][per thread] */
+static int64_t nsegs(const gdn_plan *p) {
+    const int64_t sc = seg_chunks(p);
+    return gdn_is_split(p, sc) ? gdn_total_segments(p, sc) : p->N;
+}
+static size_t map_floats(const gdn_plan *p) {
+    return (size_t)p->c.K * p->c.K + 2 * (size_t)p->c.K * p->c.V;
+}
+static size_t head_bytes(const gdn_plan *p) {
+    size_t b = sizeof(int64_t) * (size_t)(p->N + 1) + sizeof(double) * 2 * (size_t)(nsegs(p) * p->c.HV);
+    if (gdn_is_split(p, seg_chunks(p))) b += sizeof(float) * map_floats(p) * (size_t)(nsegs(p) * p->c.HV);
+    return (b + 63) / 64 * 64;
+}
 
 size_t gdn_cpu_chunk_bwd_ws(const gdn_plan *p) {
-    return partials_bytes(p) + per_thread_floats(p) * sizeof(float) * (size_t)p->threads;
+    return head_bytes(p) + per_thread_floats(p) * sizeof(float) * (size_t)p->threads;
 }
 
 static bwd_ws bwd_ws_at(const gdn_plan *p, float *b) {
     const int K = p->c.K, V = p->c.V;
     bwd_ws s;
     s.S = b; b += K * V;  s.dS = b; b += K * V;
-    s.states = b; b += chunks_of(p->max_len) * K * V;
-    s.dQacc = b; b += p->max_len * K;  s.dKacc = b; b += p->max_len * K;
+    s.states = b; b += gdn_chunks_of(span_max(p)) * K * V;
+    s.dQacc = b; b += span_max(p) * K;  s.dKacc = b; b += span_max(p) * K;
     s.dO = b; b += CS * V;  s.dU = b; b += CS * V;  s.dBv = b; b += CS * V;
     s.X = b; b += CS * K;  s.dQc = b; b += CS * K;  s.dKc = b; b += CS * K;
     s.dKd = b; b += CS * K;  s.dWk = b; b += CS * K;  s.dBk = b; b += CS * K;
@@ -222,12 +240,93 @@ static void store_qk_grad(const gdn_plan *p, const void *x, const float *rstd, i
     gdn_store(p->c.dtype, dst, off, g, K);
 }
 
+/* dS_in of tokens [t_from, t_to) from dS_out = 0: the part of the state
+ * gradient that the span's own outputs give. Per chunk, reversed:
+ *   dS0 = exp(gc_last) dS1 + scale (diag(exp(gc)) Q)^T dO - Wk^T (P^T dO + Kd dS1)
+ * needs no state: o is linear in S0 with coefficients of the chunk alone. */
+static void dstate_span(const gdn_plan *p, const gdn_bwd_args *a, const chunk_in *in, int64_t bos,
+                        int64_t t_from, int64_t t_to, int j, bwd_ws *s) {
+    const int K = p->c.K, V = p->c.V, HV = p->c.HV;
+    chunk_ws *w = &s->w;
+    memset(s->dS, 0, sizeof(float) * K * V);
+    const int64_t nch = gdn_chunks_of(t_to - t_from);
+    for (int64_t ci = nch - 1; ci >= 0; ci--) {
+        const int64_t t0 = t_from + ci * CS;
+        const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
+        gdn_chunk_prepare(p, in, bos + t0, c, j, w);
+        for (int t = 0; t < c; t++) gdn_load(p->c.dtype, a->dout, ((bos + t0 + t) * HV + j) * V, s->dO + t * V, V);
+        for (int t = 0; t < c; t++) {          /* Kd into dWk as scratch, then dU */
+            const float e = w->E[(c - 1) * CS + t];
+            for (int i = 0; i < K; i++) s->dWk[t * K + i] = e * w->Kc[t * K + i];
+        }
+        gdn_gemm_tri(GDN_TRI_UPPER_A, c, V, c, 1.f, w->P, CS, 1, s->dO, V, 0, 0, s->dU, V);
+        gdn_gemm(c, V, K, 1.f, s->dWk, K, 0, s->dS, V, 0, 1, s->dU, V);
+        const float dlast = w->gam[c - 1];
+        for (int64_t x = 0; x < (int64_t)K * V; x++) s->dS[x] *= dlast;
+        for (int t = 0; t < c; t++) {
+            const float f = p->c.scale * w->gam[t];
+            for (int i = 0; i < K; i++) w->Q[t * K + i] *= f;
+        }
+        gdn_gemm(K, V, c, 1.f, w->Q, K, 1, s->dO, V, 0, 1, s->dS, V);
+        gdn_gemm(K, V, c, -1.f, w->Wk, K, 1, s->dU, V, 0, 1, s->dS, V);
+    }
+}
+
+/* The reverse sweep of value head j over tokens [t_from, t_to) of a sequence:
+ * states entering each chunk from s->S, then dS carried back from s->dS
+ * (on exit dL/dS at t_from). dq, dk add into s->dQacc / dKacc (span rows). */
+static void backward_span(const gdn_plan *p, const gdn_bwd_args *a, const chunk_in *in, int64_t bos,
+                          int64_t t_from, int64_t t_to, int h, int j, bwd_ws *s,
+                          double *dA_log_acc, double *ddt_acc) {
+    const int K = p->c.K, V = p->c.V;
+    const int64_t nch = gdn_chunks_of(t_to - t_from);
+    for (int64_t ci = 0; ci < nch; ci++) {      /* states entering each chunk */
+        const int64_t t0 = t_from + ci * CS;
+        const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
+        memcpy(s->states + ci * K * V, s->S, sizeof(float) * K * V);
+        gdn_chunk_prepare(p, in, bos + t0, c, j, &s->w);
+        if (ci + 1 < nch)
+            gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, NULL, bos + t0 + CS,
+                                   t_to - t0 - CS < CS ? (int)(t_to - t0 - CS) : CS, h, j);
+        gdn_chunk_u(p, c, s->S, &s->w);
+        gdn_chunk_state_step(p, c, s->S, &s->w);
+    }
+    for (int64_t ci = nch - 1; ci >= 0; ci--) {
+        const int64_t t0 = t_from + ci * CS;
+        const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
+        const float *S0 = s->states + ci * K * V;
+        gdn_chunk_prepare(p, in, bos + t0, c, j, &s->w);
+        if (ci > 0) {   /* the reverse sweep walks backwards: fetch the chunk before */
+            gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, NULL, bos + t0 - CS, CS, h, j);
+            gdn_cpu_prefetch_chunk(p, NULL, NULL, a->dout, NULL, bos + t0 - CS, CS, h, j);
+        }
+        gdn_chunk_u(p, c, S0, &s->w);
+        chunk_backward(p, a, bos + t0, c, j, S0, s, dA_log_acc, ddt_acc);
+        float *dq = s->dQacc + ci * CS * K, *dk = s->dKacc + ci * CS * K;
+        for (int64_t x = 0; x < (int64_t)c * K; x++) { dq[x] += s->dQc[x]; dk[x] += s->dKc[x]; }
+    }
+}
+
+/* Work items are (sequence n, q/k head h, segment): a segment's value heads
+ * run in one item so dq, dk sum over the group in a fixed order. With long
+ * sequences and few items, sequences are cut (DESIGN.md §8): pass A gives each
+ * (segment, j) its forward map (P, S_loc), a scan gives each its S_in; pass B
+ * gives each its own dS_in from zero, a reverse scan with P^T gives each its
+ * dS_out; then every segment runs its reverse sweep in parallel. */
 void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
     const int K = p->c.K, V = p->c.V, HV = p->c.HV, H = p->c.H, G = p->G;
-    const int64_t tasks = p->N * H;
-    double *part = (double *)a->workspace;     /* [N*HV] dA_log, then [N*HV] ddt_bias */
-    float *thread_base = (float *)((char *)a->workspace + partials_bytes(p));
+    const int64_t sc = seg_chunks(p);
+    const int split = gdn_is_split(p, sc);
+    const int64_t nseg = nsegs(p);
+    int64_t *seg0 = (int64_t *)a->workspace;
+    double *part = (double *)(seg0 + p->N + 1);     /* [nseg*HV] dA_log, then [nseg*HV] ddt_bias */
+    float *maps = (float *)(part + 2 * nseg * HV);  /* split: [nseg*HV] of P, S_in, dS_out */
+    float *thread_base = (float *)((char *)a->workspace + head_bytes(p));
+    const size_t mf = map_floats(p);
     gdn_saved_layout sv = gdn_saved_at(&p->c, (void *)a->saved);
+    const chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, sv.rstd_q, sv.rstd_k, NULL, NULL };
+    if (split) gdn_segment_index(p, sc, seg0);
+    else for (int64_t n = 0; n <= p->N; n++) seg0[n] = n;
     #pragma omp parallel num_threads(p->threads)
     {
 #ifdef _OPENMP
@@ -237,58 +336,88 @@ void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
 #endif
         bwd_ws s = bwd_ws_at(p, thread_base + per_thread_floats(p) * tid);
         const unsigned fpmode = gdn_ftz_begin();
+        if (split) {
+            /* pass A: forward maps (P into slot P, S_loc into slot S_in); pass B: local dS_in */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < nseg * HV; item++) {
+                const int64_t sg = item / HV;
+                const int j = (int)(item % HV);
+                const int64_t n = gdn_segment_seq(p, seg0, sg);
+                if (seg0[n + 1] - seg0[n] == 1) continue;
+                int64_t bos, len;
+                gdn_seq(p, n, &bos, &len);
+                const int64_t t_from = (sg - seg0[n]) * sc * CS;
+                const int64_t t_to = t_from + sc * CS < len ? t_from + sc * CS : len;
+                float *m = maps + (size_t)(sg * HV + j) * mf;
+                gdn_transition_span(p, &in, bos, t_from, t_to, j, m, m + (size_t)K * K, &s.w);
+                dstate_span(p, a, &in, bos, t_from, t_to, j, &s);
+                memcpy(m + (size_t)K * K + (size_t)K * V, s.dS, sizeof(float) * K * V);
+            }
+            /* the scans, per (n, j): S_in forward, dS_out backward */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t pair = 0; pair < p->N * HV; pair++) {
+                const int64_t n = pair / HV;
+                const int j = (int)(pair % HV);
+                gdn_cpu_load_state(p, a->h0, n, j, s.S);
+                for (int64_t sg = seg0[n]; sg < seg0[n + 1]; sg++) {
+                    float *m = maps + (size_t)(sg * HV + j) * mf, *Sin = m + (size_t)K * K;
+                    memcpy(s.dS, Sin, sizeof(float) * K * V);                       /* S_loc */
+                    if (sg + 1 < seg0[n + 1]) gdn_gemm(K, V, K, 1.f, m, K, 0, s.S, V, 0, 1, s.dS, V);
+                    memcpy(Sin, s.S, sizeof(float) * K * V);
+                    memcpy(s.S, s.dS, sizeof(float) * K * V);                       /* S_out */
+                }
+                gdn_cpu_load_state(p, a->dht, n, j, s.S);                           /* dS_out of the last */
+                for (int64_t sg = seg0[n + 1] - 1; sg >= seg0[n]; sg--) {
+                    float *m = maps + (size_t)(sg * HV + j) * mf, *dSo = m + (size_t)K * K + (size_t)K * V;
+                    memcpy(s.dS, dSo, sizeof(float) * K * V);                       /* local dS_in */
+                    memcpy(dSo, s.S, sizeof(float) * K * V);
+                    if (sg > seg0[n]) {                                             /* dS_in = P^T dS_out + local */
+                        gdn_gemm(K, V, K, 1.f, m, K, 1, s.S, V, 0, 1, s.dS, V);
+                        memcpy(s.S, s.dS, sizeof(float) * K * V);
+                    }
+                }
+            }
+        }
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            const int64_t n = task / H;
-            const int h = (int)(task % H);
+        for (int64_t item = 0; item < nseg * H; item++) {
+            const int64_t sg = item / H;
+            const int h = (int)(item % H);
+            const int64_t n = gdn_segment_seq(p, seg0, sg);
             int64_t bos, len;
             gdn_seq(p, n, &bos, &len);
-            memset(s.dQacc, 0, sizeof(float) * len * K);
-            memset(s.dKacc, 0, sizeof(float) * len * K);
-            chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, sv.rstd_q, sv.rstd_k, NULL, NULL };
-            for (int j = h * G; j < (h + 1) * G; j++) {
-                const int64_t nch = chunks_of(len);
-                gdn_cpu_load_state(p, a->h0, n, j, s.S);
-                for (int64_t ci = 0; ci < nch; ci++) {      /* states entering each chunk */
-                    const int c = len - ci * CS < CS ? (int)(len - ci * CS) : CS;
-                    memcpy(s.states + ci * K * V, s.S, sizeof(float) * K * V);
-                    gdn_chunk_prepare(p, &in, bos + ci * CS, c, j, &s.w);
-                    if (ci + 1 < nch)
-                        gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, NULL, bos + (ci + 1) * CS,
-                                               len - (ci + 1) * CS < CS ? (int)(len - (ci + 1) * CS) : CS, h, j);
-                    gdn_chunk_u(p, c, s.S, &s.w);
-                    gdn_chunk_state_step(p, c, s.S, &s.w);
-                }
-                gdn_cpu_load_state(p, a->dht, n, j, s.dS);
-                double dA_log_acc = 0, ddt_acc = 0;
-                for (int64_t ci = nch - 1; ci >= 0; ci--) {
-                    const int c = len - ci * CS < CS ? (int)(len - ci * CS) : CS;
-                    const float *S0 = s.states + ci * K * V;
-                    gdn_chunk_prepare(p, &in, bos + ci * CS, c, j, &s.w);
-                    if (ci > 0) {   /* the reverse sweep walks backwards: fetch the chunk before */
-                        gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, NULL, bos + (ci - 1) * CS, CS, h, j);
-                        gdn_cpu_prefetch_chunk(p, NULL, NULL, a->dout, NULL, bos + (ci - 1) * CS, CS, h, j);
-                    }
-                    gdn_chunk_u(p, c, S0, &s.w);
-                    chunk_backward(p, a, bos + ci * CS, c, j, S0, &s, &dA_log_acc, &ddt_acc);
-                    float *dq = s.dQacc + ci * CS * K, *dk = s.dKacc + ci * CS * K;
-                    for (int64_t x = 0; x < (int64_t)c * K; x++) { dq[x] += s.dQc[x]; dk[x] += s.dKc[x]; }
-                }
-                if (a->dh0) gdn_cpu_store_state(p, a->dh0, n, j, s.dS);
-                part[n * HV + j] = dA_log_acc;
-                part[p->N * HV + n * HV + j] = ddt_acc;
+            int64_t t_from = 0, t_to = len;
+            if (split) {
+                t_from = (sg - seg0[n]) * sc * CS;
+                if (t_from + sc * CS < len) t_to = t_from + sc * CS;
             }
-            for (int64_t t = 0; t < len; t++) {
-                store_qk_grad(p, a->q, sv.rstd_q, bos + t, h, s.dQacc + t * K, s.row, a->dq);
-                store_qk_grad(p, a->k, sv.rstd_k, bos + t, h, s.dKacc + t * K, s.row, a->dk);
+            memset(s.dQacc, 0, sizeof(float) * (t_to - t_from) * K);
+            memset(s.dKacc, 0, sizeof(float) * (t_to - t_from) * K);
+            for (int j = h * G; j < (h + 1) * G; j++) {
+                const float *m = maps + (size_t)(sg * HV + j) * mf;
+                if (split && seg0[n + 1] - seg0[n] > 1) {
+                    memcpy(s.S, m + (size_t)K * K, sizeof(float) * K * V);
+                    memcpy(s.dS, m + (size_t)K * K + (size_t)K * V, sizeof(float) * K * V);
+                } else {
+                    gdn_cpu_load_state(p, a->h0, n, j, s.S);
+                    gdn_cpu_load_state(p, a->dht, n, j, s.dS);
+                }
+                double dA_log_acc = 0, ddt_acc = 0;
+                backward_span(p, a, &in, bos, t_from, t_to, h, j, &s, &dA_log_acc, &ddt_acc);
+                if (a->dh0 && t_from == 0) gdn_cpu_store_state(p, a->dh0, n, j, s.dS);
+                part[sg * HV + j] = dA_log_acc;
+                part[nseg * HV + sg * HV + j] = ddt_acc;
+            }
+            for (int64_t t = t_from; t < t_to; t++) {
+                store_qk_grad(p, a->q, sv.rstd_q, bos + t, h, s.dQacc + (t - t_from) * K, s.row, a->dq);
+                store_qk_grad(p, a->k, sv.rstd_k, bos + t, h, s.dKacc + (t - t_from) * K, s.row, a->dk);
             }
         }
         gdn_ftz_end(fpmode);
     }
-    if (p->c.flags & GDN_GATE_FUSED) {
+    if (p->c.flags & GDN_GATE_FUSED) {      /* over segments in order: fixed bits */
         for (int j = 0; j < HV; j++) {
             double sa = 0, sb = 0;
-            for (int64_t n = 0; n < p->N; n++) { sa += part[n * HV + j]; sb += part[p->N * HV + n * HV + j]; }
+            for (int64_t sg = 0; sg < nseg; sg++) { sa += part[sg * HV + j]; sb += part[nseg * HV + sg * HV + j]; }
             a->dA_log[j] = (float)sa;
             if (a->ddt_bias) a->ddt_bias[j] = (float)sb;
         }

@@ -102,28 +102,40 @@ void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w) {
  * segments again from there and writes o. The cut depends on the shape only,
  * never on the thread count, so the bits do not either. */
 
-#define SPLIT_MIN_TASKS 8    /* split sequences when fewer (n, j) pairs than this */
-#define SPLIT_MIN_CHUNKS 8   /* but keep segments at least this many chunks long */
+#define SPLIT_MIN_ITEMS 2    /* auto: cut sequences only when one item would run alone */
+#define SPLIT_MIN_CHUNKS 8   /* auto: but keep segments at least this many chunks long */
 
-static int64_t chunks_of(int64_t len) { return (len + CS - 1) / CS; }
-
-/* chunks per segment */
-static int64_t segment_chunks(const gdn_plan *p) {
-    const int64_t pairs = p->N * p->c.HV, nch = chunks_of(p->max_len);
-    if (pairs >= SPLIT_MIN_TASKS || nch < 2 * SPLIT_MIN_CHUNKS) return nch > 0 ? nch : 1;
-    const int64_t want = (SPLIT_MIN_TASKS + pairs - 1) / pairs;
+int64_t gdn_segment_chunks(const gdn_plan *p, int64_t items) {
+    const int64_t nch = gdn_chunks_of(p->max_len), whole = nch > 0 ? nch : 1;
+    int64_t want;                                   /* segments per (longest) sequence */
+    if (p->seq_split == 1) return whole;
+    if (p->seq_split > 1) want = p->seq_split;
+    else {
+        if (items >= SPLIT_MIN_ITEMS || nch < 2 * SPLIT_MIN_CHUNKS) return whole;
+        want = (SPLIT_MIN_ITEMS + items - 1) / items;
+    }
     const int64_t sc = (nch + want - 1) / want;
-    return sc < SPLIT_MIN_CHUNKS ? SPLIT_MIN_CHUNKS : sc;
+    if (p->seq_split == 0 && sc < SPLIT_MIN_CHUNKS) return SPLIT_MIN_CHUNKS;
+    return sc < 1 ? 1 : sc;
 }
 
-static int64_t total_segments(const gdn_plan *p, int64_t sc) {
+int64_t gdn_total_segments(const gdn_plan *p, int64_t sc) {
     int64_t total = 0;
     for (int64_t n = 0; n < p->N; n++) {
         int64_t bos, len;
         gdn_seq(p, n, &bos, &len);
-        total += len > 0 ? (chunks_of(len) + sc - 1) / sc : 1;
+        total += gdn_segments_of(len, sc);
     }
     return total;
+}
+
+void gdn_segment_index(const gdn_plan *p, int64_t sc, int64_t *seg0) {
+    seg0[0] = 0;
+    for (int64_t n = 0; n < p->N; n++) {
+        int64_t bos, len;
+        gdn_seq(p, n, &bos, &len);
+        seg0[n + 1] = seg0[n] + gdn_segments_of(len, sc);
+    }
 }
 
 static size_t per_thread_floats(const gdn_plan *p) {
@@ -132,12 +144,12 @@ static size_t per_thread_floats(const gdn_plan *p) {
 
 /* split mode: per (segment, j) a K x K map P and a K x V state */
 static size_t split_floats(const gdn_plan *p, int64_t sc) {
-    if (sc >= chunks_of(p->max_len)) return 0;
-    return (size_t)total_segments(p, sc) * p->c.HV * ((size_t)p->c.K * p->c.K + (size_t)p->c.K * p->c.V);
+    if (!gdn_is_split(p, sc)) return 0;
+    return (size_t)gdn_total_segments(p, sc) * p->c.HV * ((size_t)p->c.K * p->c.K + (size_t)p->c.K * p->c.V);
 }
 
 size_t gdn_cpu_chunk_fwd_ws(const gdn_plan *p) {
-    const int64_t sc = segment_chunks(p);
+    const int64_t sc = gdn_segment_chunks(p, p->N * p->c.HV);
     const size_t seg_index = split_floats(p, sc) ? sizeof(int64_t) * (size_t)(p->N + 1) : 0;
     return seg_index + (split_floats(p, sc) + per_thread_floats(p) * (size_t)p->threads) * sizeof(float);
 }
@@ -170,8 +182,8 @@ static void forward_span(const gdn_plan *p, const gdn_fwd_args *a, const chunk_i
 /* Pass 1 of split mode: the segment's map from a zero state.
  * Per chunk S1 = (exp(gc_last) I - Kd^T Wk) S0 + Kd^T Wv, so
  *   P <- exp(gc_last) P - Kd^T (Wk P),   S_loc <- chunk step of S_loc. */
-static void transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int64_t t_from,
-                            int64_t t_to, int j, float *P, float *S, chunk_ws *w) {
+void gdn_transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int64_t t_from,
+                         int64_t t_to, int j, float *P, float *S, chunk_ws *w) {
     const int K = p->c.K, V = p->c.V;
     memset(S, 0, sizeof(float) * K * V);
     memset(P, 0, sizeof(float) * K * K);
@@ -190,7 +202,7 @@ static void transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, 
 
 void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
     const int K = p->c.K, V = p->c.V, HV = p->c.HV, G = p->G;
-    const int64_t sc = segment_chunks(p);
+    const int64_t sc = gdn_segment_chunks(p, p->N * p->c.HV);
     const int split = split_floats(p, sc) > 0;
     gdn_saved_layout sv = gdn_saved_at(&p->c, a->saved);
     /* workspace: [segment index N+1] [P, S per (segment, j)] [per-thread scratch] */
@@ -199,12 +211,7 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
     float *scratch = maps + split_floats(p, sc);
     int64_t nseg = p->N;
     if (split) {
-        seg0[0] = 0;
-        for (int64_t n = 0; n < p->N; n++) {
-            int64_t bos, len;
-            gdn_seq(p, n, &bos, &len);
-            seg0[n + 1] = seg0[n] + (len > 0 ? (chunks_of(len) + sc - 1) / sc : 1);
-        }
+        gdn_segment_index(p, sc, seg0);
         nseg = seg0[p->N];
     }
     const size_t map_floats = (size_t)K * K + (size_t)K * V;
@@ -225,15 +232,14 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
             for (int64_t item = 0; item < nseg * HV; item++) {
                 const int64_t sg = item / HV;
                 const int j = (int)(item % HV);
-                int64_t n = 0;
-                while (seg0[n + 1] <= sg) n++;
+                const int64_t n = gdn_segment_seq(p, seg0, sg);
                 if (sg == seg0[n + 1] - 1) continue;
                 int64_t bos, len;
                 gdn_seq(p, n, &bos, &len);
                 const int64_t t_from = (sg - seg0[n]) * sc * CS, t_to = t_from + sc * CS;
                 chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, NULL, NULL, NULL, NULL };
                 float *P = maps + (size_t)(sg * HV + j) * map_floats;
-                transition_span(p, &in, bos, t_from, t_to, j, P, P + (size_t)K * K, &w);
+                gdn_transition_span(p, &in, bos, t_from, t_to, j, P, P + (size_t)K * K, &w);
             }
             /* the scan: slot S of each segment becomes its incoming state */
             #pragma omp for schedule(dynamic, 1)
@@ -260,7 +266,7 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
             const int j = (int)(item % HV);
             int64_t n = sg, t_from = 0, t_to;
             int64_t bos, len;
-            if (split) { n = 0; while (seg0[n + 1] <= sg) n++; }
+            if (split) n = gdn_segment_seq(p, seg0, sg);
             gdn_seq(p, n, &bos, &len);
             t_to = len;
             if (split) {
