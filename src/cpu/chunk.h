@@ -16,7 +16,11 @@
 #define CS GDN_CHUNK
 
 typedef struct chunk_ws {
-    float *Q, *Kc, *Vv;              /* [CS,K] [CS,K] [CS,V] q^, k^, v rows            */
+    /* shared by the value heads of a q/k head */
+    float *Q, *Kc, *QK;              /* [CS,K] [CS,K] q^, k^ rows; [CS,CS] scale q.k (s <= t) */
+    /* per value head */
+    float *Qs, *Kd;                  /* [CS,K] scale exp(gc_t) q_t, exp(gc_last - gc_s) k_s */
+    float *Vv;                       /* [CS,V] v rows                                  */
     float *g, *gc, *gam, *beta;      /* [CS] log decay, its cumsum, exp(gc), beta     */
     float *KK, *P, *Tm, *E;          /* [CS,CS] k.k, masked scaled q.k decay, (I+A)^-1,
                                         exp(gc_t - gc_s) for s <= t */
@@ -34,13 +38,17 @@ typedef struct chunk_in {
     float *rstd_q_out, *rstd_k_out;  /* forward: where to save rstd, or NULL  */
 } chunk_in;
 
-/* Load the chunk rows r0..r0+c-1 and build gc, gam, KK, P, Tm, Wk, Wv. */
+/* Load the chunk rows r0..r0+c-1 of q/k head h: Q, Kc, KK, QK. */
+void gdn_chunk_prepare_qk(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int h, chunk_ws *w);
+/* The value head j part (after prepare_qk of j's q/k head): gc, gam, E, P, Tm, Wk, Wv. */
+void gdn_chunk_prepare_head(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w);
+/* both */
 void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w);
 
 /* U = Wv - Wk S0, in place of Wv */
 void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w);
 
-/* S <- exp(gc_last) S + (exp(gc_last - gc) K)^T U ; clobbers w->Kc */
+/* S <- exp(gc_last) S + Kd^T U, Kd = exp(gc_last - gc) K (left in w->Kd) */
 void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w);
 
 /* ---- segments (DESIGN.md §8) ----

@@ -1,6 +1,7 @@
-/* CPU chunked forward (chunk.h has the math). One task per (sequence, value
- * head); the chunk work is matrix products (cpu/gemm.c); the only sequential
- * part is the state carried from chunk to chunk. */
+/* CPU chunked forward (chunk.h has the math). One task per (sequence, q/k
+ * head, segment) covering the head's G value heads, so q, k and their products
+ * are formed once per chunk; the chunk work is matrix products (cpu/gemm.c);
+ * the only sequential part is the state carried from chunk to chunk. */
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -10,23 +11,34 @@
 #include "cpu/load.h"
 
 size_t gdn_chunk_ws_floats(int K, int V) {
-    return (size_t)4 * CS + 4 * CS * CS + (size_t)CS * (4 * K + 4 * V) + 64;
+    return (size_t)4 * CS + 5 * CS * CS + (size_t)CS * (6 * K + 4 * V) + 64;
 }
 
 chunk_ws gdn_chunk_ws_at(float *b, int K, int V) {
     chunk_ws w;
     w.Q = b; b += CS * K;   w.Kc = b; b += CS * K;  w.Bk = b; b += CS * K;  w.Wk = b; b += CS * K;
+    w.Qs = b; b += CS * K;  w.Kd = b; b += CS * K;  w.QK = b; b += CS * CS;
     w.Vv = b; b += CS * V;  w.Bv = b; b += CS * V;  w.Wv = b; b += CS * V;  w.U = w.Wv;   /* U overwrites Wv */
     w.KK = b; b += CS * CS;  w.P = b; b += CS * CS;   w.Tm = b; b += CS * CS;  w.E = b; b += CS * CS;
     w.g = b; b += CS;  w.gc = b; b += CS;  w.gam = b; b += CS;  w.beta = b;
     return w;
 }
 
-void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w) {
-    const int K = p->c.K, V = p->c.V, h = j / p->G;
-    const float scale = p->c.scale;
+void gdn_chunk_prepare_qk(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int h, chunk_ws *w) {
+    const int K = p->c.K;
     gdn_cpu_load_qk(p, in->q, r0, c, h, w->Q, in->rstd_q, in->rstd_q_out);
     gdn_cpu_load_qk(p, in->k, r0, c, h, w->Kc, in->rstd_k, in->rstd_k_out);
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, 1.f, w->Kc, K, 0, w->Kc, K, 1, 0, w->KK, CS);
+    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, p->c.scale, w->Q, K, 0, w->Kc, K, 1, 0, w->QK, CS);
+}
+
+void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w) {
+    gdn_chunk_prepare_qk(p, in, r0, c, j / p->G, w);
+    gdn_chunk_prepare_head(p, in, r0, c, j, w);
+}
+
+void gdn_chunk_prepare_head(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w) {
+    const int K = p->c.K, V = p->c.V;
     gdn_cpu_load_v(p, in->v, r0, c, j, w->Vv);
     gdn_cpu_load_gate(p, in->g, in->A_log, in->dt_bias, r0, c, j, w->g);
     gdn_cpu_load_beta(p, in->beta, r0, c, j, w->beta);
@@ -39,13 +51,11 @@ void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c,
         for (int s = 0; s <= t; s++) Et[s] = gdn_expf(w->gc[t] - w->gc[s]);
     }
 
-    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, 1.f, w->Kc, K, 0, w->Kc, K, 1, 0, w->KK, CS);
-    gdn_gemm_tri(GDN_TRI_LOWER_C, c, c, K, scale, w->Q, K, 0, w->Kc, K, 1, 0, w->P, CS);
-    /* P_ts *= exp(gc_t - gc_s) for s <= t; 0 above the diagonal */
+    /* P_ts = QK_ts exp(gc_t - gc_s) for s <= t; 0 above the diagonal */
     for (int t = 0; t < c; t++) {
         float *Pt = w->P + t * CS;
-        const float *Et = w->E + t * CS;
-        for (int s = 0; s <= t; s++) Pt[s] *= Et[s];
+        const float *Et = w->E + t * CS, *QKt = w->QK + t * CS;
+        for (int s = 0; s <= t; s++) Pt[s] = QKt[s] * Et[s];
         for (int s = t + 1; s < c; s++) Pt[s] = 0.f;
     }
     /* Tm = (I + A)^-1 by forward substitution: row t of (I + A) Tm = I gives
@@ -88,13 +98,13 @@ void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w) {
     for (int64_t x = 0; x < (int64_t)K * V; x++) S[x] *= dl;
     for (int s = 0; s < c; s++) {
         const float e = w->E[(c - 1) * CS + s];   /* exp(gc_last - gc_s) */
-        for (int i = 0; i < K; i++) w->Kc[s * K + i] *= e;
+        for (int i = 0; i < K; i++) w->Kd[s * K + i] = e * w->Kc[s * K + i];
     }
-    gdn_gemm(K, V, c, 1.f, w->Kc, K, 1, w->U, V, 0, 1, S, V);
+    gdn_gemm(K, V, c, 1.f, w->Kd, K, 1, w->U, V, 0, 1, S, V);
 }
 
 /* ---- the driver ----
- * Work items are (sequence n, value head j, segment). A segment is a run of
+ * Work items are (sequence n, q/k head h, segment). A segment is a run of
  * chunks; normally one per sequence. With few (sequence, head) pairs and long
  * sequences, sequences are cut into segments that run in parallel (DESIGN.md
  * §8): pass 1 gives each segment its map S_out = P S_in + S_loc from a zero
@@ -139,7 +149,7 @@ void gdn_segment_index(const gdn_plan *p, int64_t sc, int64_t *seg0) {
 }
 
 static size_t per_thread_floats(const gdn_plan *p) {
-    return 2 * (size_t)p->c.K * p->c.V + (size_t)CS * p->c.V + gdn_chunk_ws_floats(p->c.K, p->c.V);
+    return (size_t)(p->G + 1) * p->c.K * p->c.V + (size_t)CS * p->c.V + gdn_chunk_ws_floats(p->c.K, p->c.V);
 }
 
 /* split mode: per (segment, j) a K x K map P and a K x V state */
@@ -149,33 +159,37 @@ static size_t split_floats(const gdn_plan *p, int64_t sc) {
 }
 
 size_t gdn_cpu_chunk_fwd_ws(const gdn_plan *p) {
-    const int64_t sc = gdn_segment_chunks(p, p->N * p->c.HV);
+    const int64_t sc = gdn_segment_chunks(p, p->N * p->c.H);
     const size_t seg_index = split_floats(p, sc) ? sizeof(int64_t) * (size_t)(p->N + 1) : 0;
     return seg_index + (split_floats(p, sc) + per_thread_floats(p) * (size_t)p->threads) * sizeof(float);
 }
 
-/* Run tokens [t_from, t_to) of sequence n (starting at row bos), value head j,
- * from state S (updated in place), writing o. */
+/* Run tokens [t_from, t_to) of sequence n (rows from bos) for the G value
+ * heads of q/k head h, from states S[G][K*V] (updated in place), writing o.
+ * q, k rows and their products are loaded and formed once for the group. */
 static void forward_span(const gdn_plan *p, const gdn_fwd_args *a, const chunk_in *in, int64_t bos,
-                         int64_t t_from, int64_t t_to, int j, float *S, float *O, chunk_ws *w) {
-    const int K = p->c.K, V = p->c.V, HV = p->c.HV;
+                         int64_t t_from, int64_t t_to, int h, float *S, float *O, chunk_ws *w) {
+    const int K = p->c.K, V = p->c.V, HV = p->c.HV, G = p->G;
     for (int64_t t0 = t_from; t0 < t_to; t0 += CS) {
         const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
-        gdn_chunk_prepare(p, in, bos + t0, c, j, w);
-        if (t0 + CS < t_to) {
-            const int cn = t_to - t0 - CS < CS ? (int)(t_to - t0 - CS) : CS;
-            gdn_cpu_prefetch_chunk(p, a->q, a->k, a->v, a->o, bos + t0 + CS, cn, j / p->G, j);
+        const int cn = t_to - t0 - CS < CS ? (int)(t_to - t0 - CS) : CS;
+        gdn_chunk_prepare_qk(p, in, bos + t0, c, h, w);
+        if (cn > 0) gdn_cpu_prefetch_chunk(p, a->q, a->k, NULL, NULL, bos + t0 + CS, cn, h, 0);
+        for (int j = h * G; j < (h + 1) * G; j++) {
+            float *Sj = S + (size_t)(j - h * G) * K * V;
+            gdn_chunk_prepare_head(p, in, bos + t0, c, j, w);
+            if (cn > 0) gdn_cpu_prefetch_chunk(p, NULL, NULL, a->v, a->o, bos + t0 + CS, cn, h, j);
+            gdn_chunk_u(p, c, Sj, w);
+            /* O = diag(scale exp(gc)) Q S0 + P U */
+            for (int t = 0; t < c; t++) {
+                const float f = p->c.scale * w->gam[t];
+                for (int i = 0; i < K; i++) w->Qs[t * K + i] = f * w->Q[t * K + i];
+            }
+            gdn_gemm(c, V, K, 1.f, w->Qs, K, 0, Sj, V, 0, 0, O, V);
+            gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->P, CS, 0, w->U, V, 0, 1, O, V);
+            for (int t = 0; t < c; t++) gdn_store(p->c.dtype, a->o, ((bos + t0 + t) * HV + j) * V, O + t * V, V);
+            gdn_chunk_state_step(p, c, Sj, w);
         }
-        gdn_chunk_u(p, c, S, w);
-        /* O = diag(scale exp(gc)) Q S0 + P U */
-        for (int t = 0; t < c; t++) {
-            const float f = p->c.scale * w->gam[t];
-            for (int i = 0; i < K; i++) w->Q[t * K + i] *= f;
-        }
-        gdn_gemm(c, V, K, 1.f, w->Q, K, 0, S, V, 0, 0, O, V);
-        gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->P, CS, 0, w->U, V, 0, 1, O, V);
-        for (int t = 0; t < c; t++) gdn_store(p->c.dtype, a->o, ((bos + t0 + t) * HV + j) * V, O + t * V, V);
-        gdn_chunk_state_step(p, c, S, w);
     }
 }
 
@@ -193,16 +207,16 @@ void gdn_transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int
         gdn_chunk_prepare(p, in, bos + t0, c, j, w);
         gdn_chunk_u(p, c, S, w);
         gdn_gemm(c, K, K, 1.f, w->Wk, K, 0, P, K, 0, 0, w->Bk, K);   /* Bk is free: Wk P */
-        gdn_chunk_state_step(p, c, S, w);                            /* Kc becomes Kd */
+        gdn_chunk_state_step(p, c, S, w);
         const float dl = w->gam[c - 1];
         for (int64_t x = 0; x < (int64_t)K * K; x++) P[x] *= dl;
-        gdn_gemm(K, K, c, -1.f, w->Kc, K, 1, w->Bk, K, 0, 1, P, K);
+        gdn_gemm(K, K, c, -1.f, w->Kd, K, 1, w->Bk, K, 0, 1, P, K);
     }
 }
 
 void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
-    const int K = p->c.K, V = p->c.V, HV = p->c.HV, G = p->G;
-    const int64_t sc = gdn_segment_chunks(p, p->N * p->c.HV);
+    const int K = p->c.K, V = p->c.V, HV = p->c.HV, H = p->c.H, G = p->G;
+    const int64_t sc = gdn_segment_chunks(p, p->N * p->c.H);
     const int split = split_floats(p, sc) > 0;
     gdn_saved_layout sv = gdn_saved_at(&p->c, a->saved);
     /* workspace: [segment index N+1] [P, S per (segment, j)] [per-thread scratch] */
@@ -222,8 +236,8 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
 #else
         const int tid = 0;
 #endif
-        float *S = scratch + per_thread_floats(p) * tid;
-        float *S2 = S + (size_t)K * V, *O = S2 + (size_t)K * V;
+        float *S = scratch + per_thread_floats(p) * tid;          /* [G][K*V] */
+        float *S2 = S + (size_t)G * K * V, *O = S2 + (size_t)K * V;
         chunk_ws w = gdn_chunk_ws_at(O + CS * V, K, V);
         const unsigned fpmode = gdn_ftz_begin();
         if (split) {
@@ -261,9 +275,9 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
         }
         /* pass 2 (or the only pass): each segment from its incoming state, writing o */
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < nseg * HV; item++) {
-            const int64_t sg = item / HV;
-            const int j = (int)(item % HV);
+        for (int64_t item = 0; item < nseg * H; item++) {
+            const int64_t sg = item / H;
+            const int h = (int)(item % H);
             int64_t n = sg, t_from = 0, t_to;
             int64_t bos, len;
             if (split) n = gdn_segment_seq(p, seg0, sg);
@@ -272,15 +286,17 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
             if (split) {
                 t_from = (sg - seg0[n]) * sc * CS;
                 if (t_from + sc * CS < len) t_to = t_from + sc * CS;
-                memcpy(S, maps + (size_t)(sg * HV + j) * map_floats + (size_t)K * K, sizeof(float) * K * V);
-            } else {
-                gdn_cpu_load_state(p, a->h0, n, j, S);
             }
-            const int first_of_group = j % G == 0;   /* one writer of the shared q/k rstd */
-            chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, NULL, NULL,
-                            first_of_group ? sv.rstd_q : NULL, first_of_group ? sv.rstd_k : NULL };
-            forward_span(p, a, &in, bos, t_from, t_to, j, S, O, &w);
-            if (a->ht && t_to == len) gdn_cpu_store_state(p, a->ht, n, j, S);
+            for (int j = h * G; j < (h + 1) * G; j++) {
+                float *Sj = S + (size_t)(j - h * G) * K * V;
+                if (split) memcpy(Sj, maps + (size_t)(sg * HV + j) * map_floats + (size_t)K * K, sizeof(float) * K * V);
+                else gdn_cpu_load_state(p, a->h0, n, j, Sj);
+            }
+            chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, NULL, NULL, sv.rstd_q, sv.rstd_k };
+            forward_span(p, a, &in, bos, t_from, t_to, h, S, O, &w);
+            if (a->ht && t_to == len)
+                for (int j = h * G; j < (h + 1) * G; j++)
+                    gdn_cpu_store_state(p, a->ht, n, j, S + (size_t)(j - h * G) * K * V);
         }
         gdn_ftz_end(fpmode);
     }
