@@ -482,7 +482,7 @@ void test_standalone(void) {
             gdn_ref_gate_fwd(rows, HV, ad, Ad, with_bias ? biasd : NULL, g_ref);
             gdn_ref_gate_bwd(rows, HV, ad, Ad, with_bias ? biasd : NULL, dgd, da_ref, dA_ref, ddt_ref);
             for (int ti = 0; ti < 3; ti++) {
-                gdn_exec ex = {GDN_BACKEND_CPU, NULL, ti == 2 ? 2 : 1};
+                gdn_exec ex = {GDN_BACKEND_CPU, NULL, ti == 2 ? 2 : 1, 0};
                 const gdn_exec *exp_ = ti == 0 ? NULL : &ex;
                 const int threads = ti == 0 ? 0 : ex.threads;
                 snprintf(ctx, sizeof ctx, "op=gate_fwd backend=cpu threads=%d rows=%lld HV=%d dtype=%s dt_bias=%s seed=%llu",
@@ -535,7 +535,7 @@ void test_standalone(void) {
                 gdn_ref_l2norm_fwd(rows, dim, xd, y_ref, rs_ref);
                 gdn_ref_l2norm_bwd(rows, dim, xd, dyd, dx_ref);
                 const int threads = 1 + (ri + dm) % 2;
-                gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads};
+                gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads, 0};
                 snprintf(ctx, sizeof ctx, "op=l2norm_fwd backend=cpu threads=%d rows=%lld dim=%d dtype=%s seed=%llu",
                          threads, (long long)rows, dim, t_dtype_name(t), (unsigned long long)g_base_seed);
                 t_poison_nan(t, y, n); t_poison_nan(GDN_F32, rs, rows);

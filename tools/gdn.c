@@ -1,0 +1,958 @@
+/* gdn — run every op of the library on one shape, time it, and check it
+ * against the float64 reference.
+ *
+ * For each op: the median time of a few runs after warm-up on the full shape,
+ * the rate from the FLOP model of tools/flops.h, and the relative error
+ * ||out - ref|| / ||ref|| against src/ref on a slice of the same call (the
+ * first sequence, its first min(T, 256) tokens; with --varlen every sequence
+ * clipped to the first 256 tokens). Exits 1 when an error is over the bound of
+ * DESIGN.md §5 or a call fails, 2 on bad flags.
+ *
+ * The tensors live where the backend wants them: host memory for the CPU,
+ * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "gdn.h"
+#include "ref/ref.h"
+#include "flops.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef GDN_CLI_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#define SLICE_T 256
+
+/* ---- options -------------------------------------------------------------- */
+
+typedef struct opts {
+    int64_t B, T;
+    int H, HV, K, V;
+    gdn_dtype dtype, gate_dtype;
+    int gate_dtype_set;
+    int threads, seq_split;
+    unsigned flags;
+    int varlen;                 /* number of ragged sequences, 0 = none */
+    int reps, warmup;
+    int reps_set, T_set, B_set;
+    gdn_backend backend;
+    int json, quick;
+    uint64_t seed;
+} opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+"usage: gdn [flags]\n"
+"\n"
+"Runs each op of the gdn library on one shape: chunk_fwd, chunk_fwd+bwd,\n"
+"recurrent_fwd, gate_fwd, l2norm_fwd. For each it prints the median time of\n"
+"--reps runs after --warmup runs, GFLOP/s (FLOP model of tools/flops.h), and\n"
+"the relative error ||out - ref|| / ||ref|| against the float64 reference on\n"
+"a slice of the call (first sequence, first min(T, 256) tokens; with --varlen\n"
+"all sequences clipped to the first 256 tokens), for fwd+bwd the largest over\n"
+"all gradients. Exit status: 0 all within the bounds of DESIGN.md section 5\n"
+"(f32: 1e-5 fwd, 1e-4 grads; bf16/f16: 5e-3 fwd, 1e-2 grads), 1 an error over\n"
+"its bound or a failed call, 2 bad flags.\n"
+"\n"
+"Default: B=1 T=4096 H=4 HV=8 K=V=128 bf16, q/k l2norm, fused gate and beta\n"
+"sigmoid in the kernel, with h0 and ht (a Qwen3-Next-like layer scaled for a\n"
+"small CPU).\n"
+"\n"
+"shape\n"
+"  --B N              batch rows (default 1)\n"
+"  --T N              tokens per row, >= 0 (default 4096; 256 with --quick)\n"
+"  --H N              q/k heads (default 4)\n"
+"  --HV N             value heads, a multiple of H (default 8)\n"
+"  --K N, --V N       q/k and value head dims, 1..256 (default 128)\n"
+"  --varlen N         N ragged sequences over the T tokens (cu_seqlens, B = 1)\n"
+"types and options\n"
+"  --dtype f32|bf16|f16       q, k, v, o and their gradients (default bf16)\n"
+"  --gate-dtype f32|bf16|f16  g/a and beta/b: f32 or the dtype (default f32)\n"
+"  --no-l2norm        q, k are given normalized (no in-kernel L2 norm)\n"
+"  --no-gate          g is the log decay itself (no fused -exp(A_log)*softplus)\n"
+"  --no-beta-sigmoid  beta is given directly (no in-kernel sigmoid)\n"
+"  --v-first          states h0, ht are [N,HV,V,K] instead of [N,HV,K,V]\n"
+"execution\n"
+"  --backend cpu|cuda where the ops run (default cpu)\n"
+"  --threads N        CPU threads, 0 = OpenMP's default (default 0)\n"
+"  --seq-split N      chunk path: segments per sequence, 0 = automatic, 1 = never\n"
+"  --reps N           timed runs, the median is reported (default 5)\n"
+"  --warmup N         untimed runs before them (default 1)\n"
+"  --seed N           random inputs (default 1)\n"
+"  --quick            T=256 (unless --T is given), 1 rep, no warm-up\n"
+"output\n"
+"  --json             the same results as one JSON object on stdout\n"
+"  --help             this text\n");
+}
+
+static int bad(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "gdn: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n(gdn --help lists the flags)\n");
+    return 2;
+}
+
+static int parse_int(const char *name, const char *s, long long lo, long long hi, long long *out) {
+    char *end = NULL;
+    if (!s || !*s) return bad("%s needs a value", name, "");
+    long long x = strtoll(s, &end, 10);
+    if (*end) return bad("%s: '%s' is not an integer", name, s);
+    if (x < lo || x > hi) {
+        char range[96];
+        snprintf(range, sizeof range, "'%s' is out of range %lld..%lld", s, lo, hi);
+        return bad("%s: %s", name, range);
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_dtype(const char *name, const char *s, gdn_dtype *t) {
+    if (!s) return bad("%s needs a value", name, "");
+    if (!strcmp(s, "f32") || !strcmp(s, "fp32") || !strcmp(s, "float32")) *t = GDN_F32;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *t = GDN_BF16;
+    else if (!strcmp(s, "f16") || !strcmp(s, "fp16") || !strcmp(s, "float16")) *t = GDN_F16;
+    else return bad("%s: '%s' is not one of f32, bf16, f16", name, s);
+    return 0;
+}
+
+/* returns 0, 2 (bad flags) or -1 (--help printed) */
+static int parse(int argc, char **argv, opts *o) {
+    memset(o, 0, sizeof *o);
+    o->B = 1; o->T = 4096; o->H = 4; o->HV = 8; o->K = 128; o->V = 128;
+    o->dtype = GDN_BF16; o->gate_dtype = GDN_F32;
+    o->flags = GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID;
+    o->reps = 5; o->warmup = 1; o->seed = 1; o->backend = GDN_BACKEND_CPU;
+    for (int i = 1; i < argc; i++) {
+        char name[64];
+        const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0 && strcmp(arg, "-h") != 0) return bad("unexpected argument '%s'%s", arg, "");
+        if (eq) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - arg), arg);
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg);
+        }
+        /* switches */
+        static const char *switches[] = {"--help", "-h", "--no-l2norm", "--no-gate", "--no-beta-sigmoid",
+                                         "--v-first", "--json", "--quick"};
+        int is_switch = 0;
+        for (size_t s = 0; s < sizeof switches / sizeof *switches; s++)
+            if (!strcmp(name, switches[s])) is_switch = 1;
+        if (is_switch) {
+            if (val) return bad("%s takes no value (got '%s')", name, val);
+            if (!strcmp(name, "--help") || !strcmp(name, "-h")) { usage(stdout); return -1; }
+            if (!strcmp(name, "--no-l2norm")) o->flags &= ~(unsigned)GDN_QK_L2NORM;
+            if (!strcmp(name, "--no-gate")) o->flags &= ~(unsigned)GDN_GATE_FUSED;
+            if (!strcmp(name, "--no-beta-sigmoid")) o->flags &= ~(unsigned)GDN_BETA_SIGMOID;
+            if (!strcmp(name, "--v-first")) o->flags |= GDN_STATE_V_FIRST;
+            if (!strcmp(name, "--json")) o->json = 1;
+            if (!strcmp(name, "--quick")) o->quick = 1;
+            continue;
+        }
+        static const char *valued[] = {"--B", "--T", "--H", "--HV", "--K", "--V", "--varlen", "--threads",
+                                       "--seq-split", "--reps", "--warmup", "--seed", "--dtype", "--gate-dtype",
+                                       "--backend"};
+        int known = 0;
+        for (size_t s = 0; s < sizeof valued / sizeof *valued; s++)
+            if (!strcmp(name, valued[s])) known = 1;
+        if (!known) return bad("unknown flag '%s'%s", name, "");
+        if (!val) {
+            if (i + 1 >= argc) return bad("%s needs a value", name, "");
+            val = argv[++i];
+        }
+        long long x = 0;
+        int rc = 0;
+        if (!strcmp(name, "--B")) { rc = parse_int(name, val, 1, 1 << 20, &x); o->B = x; o->B_set = 1; }
+        else if (!strcmp(name, "--T")) { rc = parse_int(name, val, 0, 1LL << 32, &x); o->T = x; o->T_set = 1; }
+        else if (!strcmp(name, "--H")) { rc = parse_int(name, val, 1, 4096, &x); o->H = (int)x; }
+        else if (!strcmp(name, "--HV")) { rc = parse_int(name, val, 1, 4096, &x); o->HV = (int)x; }
+        else if (!strcmp(name, "--K")) { rc = parse_int(name, val, 1, 256, &x); o->K = (int)x; }
+        else if (!strcmp(name, "--V")) { rc = parse_int(name, val, 1, 256, &x); o->V = (int)x; }
+        else if (!strcmp(name, "--varlen")) { rc = parse_int(name, val, 1, 1 << 20, &x); o->varlen = (int)x; }
+        else if (!strcmp(name, "--threads")) { rc = parse_int(name, val, 0, 4096, &x); o->threads = (int)x; }
+        else if (!strcmp(name, "--seq-split")) { rc = parse_int(name, val, 0, 1 << 20, &x); o->seq_split = (int)x; }
+        else if (!strcmp(name, "--reps")) { rc = parse_int(name, val, 1, 100000, &x); o->reps = (int)x; o->reps_set = 1; }
+        else if (!strcmp(name, "--warmup")) { rc = parse_int(name, val, 0, 100000, &x); o->warmup = (int)x; }
+        else if (!strcmp(name, "--seed")) { rc = parse_int(name, val, 0, (long long)(~0ULL >> 1), &x); o->seed = (uint64_t)x; }
+        else if (!strcmp(name, "--dtype")) rc = parse_dtype(name, val, &o->dtype);
+        else if (!strcmp(name, "--gate-dtype")) { rc = parse_dtype(name, val, &o->gate_dtype); o->gate_dtype_set = 1; }
+        else if (!strcmp(name, "--backend")) {
+            if (!strcmp(val, "cpu")) o->backend = GDN_BACKEND_CPU;
+            else if (!strcmp(val, "cuda")) o->backend = GDN_BACKEND_CUDA;
+            else rc = bad("--backend: '%s' is not one of cpu, cuda%s", val, "");
+        }
+        if (rc) return rc;
+    }
+    if (o->quick) {
+        if (!o->T_set) o->T = 256;
+        if (!o->reps_set) o->reps = 1;
+        o->warmup = 0;
+    }
+    char buf[160];
+    if (o->HV % o->H != 0) {
+        snprintf(buf, sizeof buf, "HV (%d) is not a multiple of H (%d)", o->HV, o->H);
+        return bad("%s%s", buf, "");
+    }
+    if (o->gate_dtype != GDN_F32 && o->gate_dtype != o->dtype) {
+        snprintf(buf, sizeof buf, "--gate-dtype %s must be f32 or the --dtype (%s)", gdn_dtype_name(o->gate_dtype),
+                 gdn_dtype_name(o->dtype));
+        return bad("%s%s", buf, "");
+    }
+    if (o->varlen && o->B != 1) {
+        snprintf(buf, sizeof buf, "--varlen needs B = 1 (got --B %lld)", (long long)o->B);
+        return bad("%s%s", buf, "");
+    }
+    return 0;
+}
+
+/* ---- dtypes and random numbers ------------------------------------------- */
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    x += 0x7fffu + ((x >> 16) & 1u);   /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+static float bf16_to_f32(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);       /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                          /* below 2^-14: subnormal */
+        float a;
+        memcpy(&a, &ax, 4);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f)); /* exact scaling, nearest even */
+    }
+    const uint32_t r = ax - 0x38000000u + 0x0fffu + ((ax >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+static float f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        const float f = ldexpf((float)m, -24);
+        return sign ? -f : f;
+    }
+    const uint32_t x = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* store f rounded to dtype t as element i of p; returns the stored value */
+static double store(gdn_dtype t, void *p, size_t i, float f) {
+    switch (t) {
+    case GDN_BF16: ((uint16_t *)p)[i] = f32_to_bf16(f); return bf16_to_f32(((uint16_t *)p)[i]);
+    case GDN_F16: ((uint16_t *)p)[i] = f32_to_f16(f); return f16_to_f32(((uint16_t *)p)[i]);
+    default: ((float *)p)[i] = f; return f;
+    }
+}
+static double get(gdn_dtype t, const void *p, size_t i) {
+    switch (t) {
+    case GDN_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case GDN_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static uint64_t rng_state;
+static uint64_t rng_u64(void) {   /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double rng_uniform(void) { return (double)(rng_u64() >> 11) * 0x1.0p-53; }
+static double rng_normal(void) {
+    const double u1 = rng_uniform(), u2 = rng_uniform();
+    return sqrt(-2.0 * log(u1 + 0x1.0p-60)) * cos(6.283185307179586 * u2);
+}
+static double logsigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "gdn: out of host memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- backends: where the tensors live ------------------------------------ */
+
+typedef struct backend {
+    const char *name;
+    gdn_backend id;
+    void *(*alloc)(size_t);
+    void (*release)(void *);
+    void (*upload)(void *dev, const void *host, size_t n);
+    void (*download)(void *host, const void *dev, size_t n);
+    void (*sync)(void);
+} backend;
+
+static void *cpu_alloc(size_t n) { return xmalloc(n); }
+static void cpu_release(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t n) { if (n) memcpy(dst, src, n); }
+static void cpu_sync(void) {}
+static const backend cpu_backend = {"cpu", GDN_BACKEND_CPU, cpu_alloc, cpu_release, cpu_copy, cpu_copy, cpu_sync};
+
+#ifdef GDN_CLI_CUDA
+static void cuda_check(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "gdn: %s: %s\n", what, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+static void *cuda_alloc(size_t n) {
+    void *p = NULL;
+    cuda_check(cudaMalloc(&p, n ? n : 1), "cudaMalloc");
+    return p;
+}
+static void cuda_release(void *p) { cudaFree(p); }
+static void cuda_upload(void *d, const void *h, size_t n) {
+    if (n) cuda_check(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+}
+static void cuda_download(void *h, const void *d, size_t n) {
+    if (n) cuda_check(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+}
+static void cuda_sync(void) { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+static const backend cuda_backend = {"cuda", GDN_BACKEND_CUDA, cuda_alloc, cuda_release, cuda_upload,
+                                     cuda_download, cuda_sync};
+#endif
+
+static const backend *be;
+
+/* a device copy of n bytes of host memory */
+static void *dev_copy(const void *host, size_t n) {
+    void *d = be->alloc(n);
+    be->upload(d, host, n);
+    return d;
+}
+/* a device buffer of n elements of dtype t filled with NaN (unwritten output fails) */
+static void *dev_nan(gdn_dtype t, size_t n) {
+    const size_t bytes = n * gdn_dtype_size(t);
+    void *h = xmalloc(bytes);
+    for (size_t i = 0; i < n; i++) store(t, h, i, NAN);
+    void *d = dev_copy(h, bytes);
+    free(h);
+    return d;
+}
+
+/* ---- the problem ------------------------------------------------------------ */
+
+typedef struct sizes { int64_t rows; size_t nqk, nv, ng, nst; } sizes;
+
+static sizes sizes_of(const gdn_config *c) {
+    const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
+    sizes s;
+    s.rows = c->B * c->T;
+    s.nqk = (size_t)s.rows * c->H * c->K;
+    s.nv = (size_t)s.rows * c->HV * c->V;
+    s.ng = (size_t)s.rows * c->HV;
+    s.nst = (size_t)N * c->HV * c->K * c->V;
+    return s;
+}
+
+/* the inputs (device or host pointers, one set for the full call; the slice
+ * reads a prefix of each) */
+typedef struct inputs {
+    void *q, *k, *v, *g, *beta, *dout;
+    float *A_log, *dt_bias, *h0, *dht;
+} inputs;
+
+/* the outputs of one call, all ops */
+typedef struct outputs {
+    void *o, *saved, *ws_fwd, *ws_bwd;
+    float *ht;
+    size_t saved_bytes, ws_fwd_bytes, ws_bwd_bytes;
+    void *dq, *dk, *dv, *dg, *dbeta;
+    float *dA_log, *ddt_bias, *dh0;
+    float *gate_g;
+    void *l2_y;
+    float *l2_rstd;
+} outputs;
+
+typedef struct call {
+    gdn_exec ex;
+    gdn_config cfg;
+    sizes sz;
+    const inputs *in;
+    outputs out;
+} call;
+
+static void outputs_alloc(call *c) {
+    const gdn_config *g = &c->cfg;
+    const sizes *s = &c->sz;
+    outputs *o = &c->out;
+    const gdn_dtype dt = g->dtype, gt = g->gate_dtype;
+    o->o = dev_nan(dt, s->nv);
+    o->ht = dev_nan(GDN_F32, s->nst);
+    o->saved_bytes = gdn_chunk_saved_size(g);
+    o->saved = dev_nan(GDN_F32, o->saved_bytes / 4);
+    o->ws_fwd_bytes = gdn_chunk_fwd_workspace_size(&c->ex, g);
+    o->ws_bwd_bytes = gdn_chunk_bwd_workspace_size(&c->ex, g);
+    o->ws_fwd = dev_nan(GDN_F32, o->ws_fwd_bytes / 4 + 1);
+    o->ws_bwd = dev_nan(GDN_F32, o->ws_bwd_bytes / 4 + 1);
+    o->dq = dev_nan(dt, s->nqk);
+    o->dk = dev_nan(dt, s->nqk);
+    o->dv = dev_nan(dt, s->nv);
+    o->dg = dev_nan(gt, s->ng);
+    o->dbeta = dev_nan(gt, s->ng);
+    o->dA_log = dev_nan(GDN_F32, (size_t)g->HV);
+    o->ddt_bias = dev_nan(GDN_F32, (size_t)g->HV);
+    o->dh0 = dev_nan(GDN_F32, s->nst);
+    o->gate_g = dev_nan(GDN_F32, s->ng);
+    o->l2_y = dev_nan(dt, s->nqk);
+    o->l2_rstd = dev_nan(GDN_F32, (size_t)s->rows * g->H);
+}
+
+static void outputs_free(outputs *o) {
+    void *p[] = {o->o, o->saved, o->ws_fwd, o->ws_bwd, o->ht, o->dq, o->dk, o->dv, o->dg, o->dbeta,
+                 o->dA_log, o->ddt_bias, o->dh0, o->gate_g, o->l2_y, o->l2_rstd};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) be->release(p[i]);
+}
+
+/* ---- the ops ---------------------------------------------------------------- */
+
+enum { OP_CHUNK_FWD, OP_CHUNK_FWDBWD, OP_RECURRENT_FWD, OP_GATE_FWD, OP_L2NORM_FWD, N_OPS };
+static const char *op_name[N_OPS] = {"chunk_fwd", "chunk_fwd+bwd", "recurrent_fwd", "gate_fwd", "l2norm_fwd"};
+
+static gdn_status call_fwd(call *c, int recurrent, int keep) {
+    const inputs *in = c->in;
+    const int fused = (c->cfg.flags & GDN_GATE_FUSED) != 0;
+    gdn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.q = in->q; a.k = in->k; a.v = in->v; a.g = in->g; a.beta = in->beta;
+    a.A_log = fused ? in->A_log : NULL; a.dt_bias = fused ? in->dt_bias : NULL;
+    a.h0 = in->h0; a.o = c->out.o; a.ht = c->out.ht;
+    if (recurrent) return gdn_recurrent_fwd(&c->ex, &c->cfg, &a);
+    if (keep) { a.saved = c->out.saved; a.saved_bytes = c->out.saved_bytes; }
+    a.workspace = c->out.ws_fwd; a.workspace_bytes = c->out.ws_fwd_bytes;
+    return gdn_chunk_fwd(&c->ex, &c->cfg, &a);
+}
+
+static gdn_status call_bwd(call *c) {
+    const inputs *in = c->in;
+    const outputs *o = &c->out;
+    const int fused = (c->cfg.flags & GDN_GATE_FUSED) != 0;
+    gdn_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.q = in->q; a.k = in->k; a.v = in->v; a.g = in->g; a.beta = in->beta;
+    a.A_log = fused ? in->A_log : NULL; a.dt_bias = fused ? in->dt_bias : NULL; a.h0 = in->h0;
+    a.saved = o->saved; a.saved_bytes = o->saved_bytes;
+    a.dout = in->dout; a.dht = in->dht;
+    a.dq = o->dq; a.dk = o->dk; a.dv = o->dv; a.dg = o->dg; a.dbeta = o->dbeta;
+    a.dA_log = fused ? o->dA_log : NULL; a.ddt_bias = fused ? o->ddt_bias : NULL; a.dh0 = o->dh0;
+    a.workspace = o->ws_bwd; a.workspace_bytes = o->ws_bwd_bytes;
+    return gdn_chunk_bwd(&c->ex, &c->cfg, &a);
+}
+
+/* one run of an op, finished (synchronised) when it returns */
+static gdn_status run_op(int op, call *c) {
+    gdn_status s = GDN_OK;
+    switch (op) {
+    case OP_CHUNK_FWD: s = call_fwd(c, 0, 0); break;
+    case OP_CHUNK_FWDBWD:
+        s = call_fwd(c, 0, 1);
+        if (s == GDN_OK) s = call_bwd(c);
+        break;
+    case OP_RECURRENT_FWD: s = call_fwd(c, 1, 0); break;
+    case OP_GATE_FWD:
+        s = gdn_gate_fwd(&c->ex, c->sz.rows, c->cfg.HV, c->cfg.gate_dtype, c->in->g, c->in->A_log,
+                         c->in->dt_bias, c->out.gate_g);
+        break;
+    case OP_L2NORM_FWD:
+        s = gdn_l2norm_fwd(&c->ex, c->sz.rows * c->cfg.H, c->cfg.K, c->cfg.dtype, c->in->q, c->out.l2_y,
+                           c->out.l2_rstd);
+        break;
+    }
+    be->sync();
+    return s;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* median of reps timed runs after warmup runs */
+static gdn_status time_op(int op, call *c, int warmup, int reps, double *ms) {
+    double *t = xmalloc(sizeof(double) * (size_t)reps);
+    gdn_status s = GDN_OK;
+    for (int i = 0; i < warmup && s == GDN_OK; i++) s = run_op(op, c);
+    for (int i = 0; i < reps && s == GDN_OK; i++) {
+        const double t0 = now_ms();
+        s = run_op(op, c);
+        t[i] = now_ms() - t0;
+    }
+    if (s == GDN_OK) {
+        qsort(t, (size_t)reps, sizeof(double), cmp_double);
+        *ms = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    }
+    free(t);
+    return s;
+}
+
+static double op_flops(int op, const call *c) {
+    switch (op) {
+    case OP_CHUNK_FWD: return gdn_flops_chunk_fwd(&c->cfg);
+    case OP_CHUNK_FWDBWD: return gdn_flops_chunk_fwd(&c->cfg) + gdn_flops_chunk_bwd(&c->cfg);
+    case OP_RECURRENT_FWD: return gdn_flops_recurrent_fwd(&c->cfg);
+    case OP_GATE_FWD: return gdn_flops_gate_fwd(c->sz.rows, c->cfg.HV);
+    default: return gdn_flops_l2norm_fwd(c->sz.rows * c->cfg.H, c->cfg.K);
+    }
+}
+
+static double op_bytes(int op, const call *c) {
+    switch (op) {
+    case OP_CHUNK_FWD: return gdn_bytes_chunk_fwd(&c->cfg, 1, 1);
+    case OP_CHUNK_FWDBWD: return gdn_bytes_chunk_fwd(&c->cfg, 1, 1) + gdn_bytes_chunk_bwd(&c->cfg, 1, 1, 1);
+    case OP_RECURRENT_FWD: return gdn_bytes_recurrent_fwd(&c->cfg, 1, 1);
+    case OP_GATE_FWD: return gdn_bytes_gate_fwd(c->sz.rows, c->cfg.HV, c->cfg.gate_dtype);
+    default: return gdn_bytes_l2norm_fwd(c->sz.rows * c->cfg.H, c->cfg.K, c->cfg.dtype, 1);
+    }
+}
+
+/* ---- the reference on the slice ------------------------------------------- */
+
+typedef struct refs {
+    double *o, *ht, *dq, *dk, *dv, *dg, *db, *dA, *ddt, *dh0, *gate_g, *l2_y;
+    double *dA_terms2, *ddt_terms2;   /* squared norms of the per-token terms of dA_log, ddt_bias */
+} refs;
+
+static double *dalloc(size_t n) { return xmalloc(n * sizeof(double)); }
+
+/* host tensor of dtype t -> doubles (the rounded values the library sees) */
+static double *to_double(gdn_dtype t, const void *p, size_t n) {
+    double *d = dalloc(n);
+    for (size_t i = 0; i < n; i++) d[i] = get(t, p, i);
+    return d;
+}
+
+static void refs_compute(const gdn_config *c, const inputs *host, refs *r) {
+    const sizes s = sizes_of(c);
+    const int fused = (c->flags & GDN_GATE_FUSED) != 0;
+    double *q = to_double(c->dtype, host->q, s.nqk), *k = to_double(c->dtype, host->k, s.nqk),
+           *v = to_double(c->dtype, host->v, s.nv), *g = to_double(c->gate_dtype, host->g, s.ng),
+           *b = to_double(c->gate_dtype, host->beta, s.ng), *dout = to_double(c->dtype, host->dout, s.nv),
+           *A = to_double(GDN_F32, host->A_log, (size_t)c->HV), *dtb = to_double(GDN_F32, host->dt_bias, (size_t)c->HV),
+           *h0 = to_double(GDN_F32, host->h0, s.nst), *dht = to_double(GDN_F32, host->dht, s.nst);
+    gdn_ref_inputs in = {q, k, v, g, b, fused ? A : NULL, fused ? dtb : NULL, h0};
+    r->o = dalloc(s.nv); r->ht = dalloc(s.nst);
+    gdn_ref_fwd(c, &in, r->o, r->ht);
+    r->dq = dalloc(s.nqk); r->dk = dalloc(s.nqk); r->dv = dalloc(s.nv); r->dg = dalloc(s.ng);
+    r->db = dalloc(s.ng); r->dA = dalloc((size_t)c->HV); r->ddt = dalloc((size_t)c->HV); r->dh0 = dalloc(s.nst);
+    gdn_ref_bwd(c, &in, dout, dht, r->dq, r->dk, r->dv, r->dg, r->db, r->dA, r->ddt, r->dh0);
+    /* dA_log = sum_t da_t * softplus(x_t) / softplus'(x_t), ddt_bias = sum_t da_t:
+     * sums whose terms cancel, measured against the size of the terms */
+    r->dA_terms2 = dalloc((size_t)c->HV); r->ddt_terms2 = dalloc((size_t)c->HV);
+    for (int j = 0; j < c->HV; j++) r->dA_terms2[j] = r->ddt_terms2[j] = 0;
+    if (fused) {
+        for (size_t i = 0; i < s.ng; i++) {
+            const int j = (int)(i % (size_t)c->HV);
+            const double x = g[i] + dtb[j];
+            const double sp = gdn_ref_softplus(x), dsp = x > 20 ? 1.0 : 1.0 / (1.0 + exp(-x));
+            const double term = r->dg[i] * sp / dsp;
+            r->dA_terms2[j] += term * term;
+            r->ddt_terms2[j] += r->dg[i] * r->dg[i];
+        }
+    }
+    r->gate_g = dalloc(s.ng);
+    gdn_ref_gate_fwd(s.rows, c->HV, g, A, dtb, r->gate_g);
+    r->l2_y = dalloc(s.nqk);
+    gdn_ref_l2norm_fwd(s.rows * c->H, c->K, q, r->l2_y, NULL);
+    free(q); free(k); free(v); free(g); free(b); free(dout); free(A); free(dtb); free(h0); free(dht);
+}
+
+static void refs_free(refs *r) {
+    double *p[] = {r->o, r->ht, r->dq, r->dk, r->dv, r->dg, r->db, r->dA, r->ddt, r->dh0, r->gate_g, r->l2_y,
+                   r->dA_terms2, r->ddt_terms2};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+}
+
+/* ||out - ref|| / ||ref|| for a device tensor of dtype t; absolute when
+ * ||ref|| is ~0; infinity on any non-finite element (NaN never passes) */
+static double rel_err(gdn_dtype t, const void *dev, const double *ref, size_t n) {
+    const size_t bytes = n * gdn_dtype_size(t);
+    void *h = xmalloc(bytes);
+    be->download(h, dev, bytes);
+    double num = 0, den = 0;
+    int bad_value = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = get(t, h, i);
+        if (!isfinite(x)) bad_value = 1;
+        num += (x - ref[i]) * (x - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    free(h);
+    if (bad_value) return INFINITY;
+    return den < 1e-18 ? sqrt(num) : sqrt(num / den);
+}
+
+/* a per-head reduction: error against max(|sum|, |terms|), as the tests measure it */
+static double reduction_err(const float *dev, const double *ref, const double *terms2, int HV) {
+    float *h = xmalloc(sizeof(float) * (size_t)HV);
+    be->download(h, dev, sizeof(float) * (size_t)HV);
+    double num = 0, den = 0;
+    int bad_value = 0;
+    for (int j = 0; j < HV; j++) {
+        if (!isfinite(h[j])) bad_value = 1;
+        num += (h[j] - ref[j]) * (h[j] - ref[j]);
+        den += fmax(ref[j] * ref[j], terms2[j]);
+    }
+    free(h);
+    if (bad_value) return INFINITY;
+    return den < 1e-18 ? sqrt(num) : sqrt(num / den);
+}
+
+static double worse(double a, double b) { return (a > b || isnan(a)) ? a : b; }
+
+/* run op once on the slice and return its error against the reference
+ * (-1 when the call failed; status in *st) */
+static double check_op(int op, call *c, const refs *r, gdn_status *st, const char **what) {
+    const gdn_config *g = &c->cfg;
+    const sizes *s = &c->sz;
+    *st = run_op(op, c);
+    *what = "";
+    if (*st != GDN_OK) return -1;
+    double e = 0, x;
+    switch (op) {
+    case OP_CHUNK_FWD:
+    case OP_RECURRENT_FWD:
+        e = rel_err(g->dtype, c->out.o, r->o, s->nv); *what = "o";
+        x = rel_err(GDN_F32, c->out.ht, r->ht, s->nst); if (worse(x, e) == x && x != e) { e = x; *what = "ht"; }
+        return e;
+    case OP_CHUNK_FWDBWD: {
+        const int fused = (g->flags & GDN_GATE_FUSED) != 0;
+        struct { const char *name; double err; } gr[8] = {
+            {"dq", rel_err(g->dtype, c->out.dq, r->dq, s->nqk)},
+            {"dk", rel_err(g->dtype, c->out.dk, r->dk, s->nqk)},
+            {"dv", rel_err(g->dtype, c->out.dv, r->dv, s->nv)},
+            {fused ? "da" : "dg", rel_err(g->gate_dtype, c->out.dg, r->dg, s->ng)},
+            {(g->flags & GDN_BETA_SIGMOID) ? "db" : "dbeta", rel_err(g->gate_dtype, c->out.dbeta, r->db, s->ng)},
+            {"dh0", rel_err(GDN_F32, c->out.dh0, r->dh0, s->nst)},
+            {"dA_log", fused ? reduction_err(c->out.dA_log, r->dA, r->dA_terms2, g->HV) : 0},
+            {"ddt_bias", fused ? reduction_err(c->out.ddt_bias, r->ddt, r->ddt_terms2, g->HV) : 0}};
+        e = gr[0].err; *what = gr[0].name;
+        for (int i = 1; i < 8; i++)
+            if (worse(gr[i].err, e) == gr[i].err && gr[i].err != e) { e = gr[i].err; *what = gr[i].name; }
+        return e;
+    }
+    case OP_GATE_FWD: *what = "g"; return rel_err(GDN_F32, c->out.gate_g, r->gate_g, s->ng);
+    default: *what = "y"; return rel_err(g->dtype, c->out.l2_y, r->l2_y, s->nqk);
+    }
+}
+
+/* ---- inputs --------------------------------------------------------------- */
+
+/* random inputs like the tests': k rows of norm ~1 when the kernel does not
+ * normalise (else the recurrence is not contractive), raw gates around 0,
+ * A_log in log(1..16) */
+static void inputs_random(const gdn_config *c, inputs *h) {
+    const sizes s = sizes_of(c);
+    const gdn_dtype dt = c->dtype, gt = c->gate_dtype;
+    const unsigned f = c->flags;
+    h->q = xmalloc(s.nqk * gdn_dtype_size(dt)); h->k = xmalloc(s.nqk * gdn_dtype_size(dt));
+    h->v = xmalloc(s.nv * gdn_dtype_size(dt)); h->dout = xmalloc(s.nv * gdn_dtype_size(dt));
+    h->g = xmalloc(s.ng * gdn_dtype_size(gt)); h->beta = xmalloc(s.ng * gdn_dtype_size(gt));
+    h->A_log = xmalloc(sizeof(float) * (size_t)c->HV); h->dt_bias = xmalloc(sizeof(float) * (size_t)c->HV);
+    h->h0 = xmalloc(sizeof(float) * s.nst); h->dht = xmalloc(sizeof(float) * s.nst);
+    for (size_t i = 0; i < s.nqk; i++) store(dt, h->q, i, (float)rng_normal());
+    float *row = xmalloc(sizeof(float) * (size_t)c->K);
+    const double target = dt == GDN_F32 ? 1.0 : 0.99;   /* rounding must not push |k| over 1 */
+    for (size_t rw = 0; rw < s.nqk / (size_t)c->K; rw++) {
+        double ss = 0;
+        for (int i = 0; i < c->K; i++) { row[i] = (float)rng_normal(); ss += (double)row[i] * row[i]; }
+        for (int i = 0; i < c->K; i++)
+            store(dt, h->k, rw * c->K + i, (f & GDN_QK_L2NORM) ? row[i] : (float)(row[i] * target / sqrt(ss)));
+    }
+    free(row);
+    for (size_t i = 0; i < s.nv; i++) store(dt, h->v, i, (float)rng_normal());
+    for (size_t i = 0; i < s.nv; i++) store(dt, h->dout, i, (float)rng_normal());
+    for (size_t i = 0; i < s.ng; i++)
+        store(gt, h->g, i, (float)((f & GDN_GATE_FUSED) ? rng_normal() : logsigmoid(rng_normal())));
+    for (size_t i = 0; i < s.ng; i++)
+        store(gt, h->beta, i, (float)((f & GDN_BETA_SIGMOID) ? rng_normal() : rng_uniform()));
+    for (int j = 0; j < c->HV; j++) {
+        h->A_log[j] = (float)log(1.0 + 15.0 * rng_uniform());
+        h->dt_bias[j] = (float)(0.5 * rng_normal());
+    }
+    for (size_t i = 0; i < s.nst; i++) h->h0[i] = (float)rng_normal();
+    for (size_t i = 0; i < s.nst; i++) h->dht[i] = (float)rng_normal();
+}
+
+static void inputs_upload(const gdn_config *c, const inputs *h, inputs *d) {
+    const sizes s = sizes_of(c);
+    const size_t ds = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
+    d->q = dev_copy(h->q, s.nqk * ds); d->k = dev_copy(h->k, s.nqk * ds);
+    d->v = dev_copy(h->v, s.nv * ds); d->dout = dev_copy(h->dout, s.nv * ds);
+    d->g = dev_copy(h->g, s.ng * gs); d->beta = dev_copy(h->beta, s.ng * gs);
+    d->A_log = dev_copy(h->A_log, sizeof(float) * (size_t)c->HV);
+    d->dt_bias = dev_copy(h->dt_bias, sizeof(float) * (size_t)c->HV);
+    d->h0 = dev_copy(h->h0, sizeof(float) * s.nst); d->dht = dev_copy(h->dht, sizeof(float) * s.nst);
+}
+
+static void inputs_free(inputs *x, void (*release)(void *)) {
+    void *p[] = {x->q, x->k, x->v, x->g, x->beta, x->dout, x->A_log, x->dt_bias, x->h0, x->dht};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) release(p[i]);
+}
+
+/* N ragged lengths summing to T: weights uniform in [0.2, 1.8] */
+static void ragged(int64_t T, int n, int64_t *cu) {
+    double *w = dalloc((size_t)n), sum = 0;
+    for (int i = 0; i < n; i++) { w[i] = 0.2 + 1.6 * rng_uniform(); sum += w[i]; }
+    cu[0] = 0;
+    double acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += w[i];
+        cu[i + 1] = i == n - 1 ? T : (int64_t)llround(acc / sum * (double)T);
+        if (cu[i + 1] < cu[i]) cu[i + 1] = cu[i];
+    }
+    free(w);
+}
+
+/* ---- output --------------------------------------------------------------- */
+
+typedef struct result {
+    int op;
+    char shape[96];
+    double ms, gflops, gbps, err, bound;
+    const char *worst;          /* which output the error is of */
+    gdn_status status;
+    char message[512];
+    int ok;
+} result;
+
+static void flags_str(unsigned f, char *buf, size_t n) {
+    snprintf(buf, n, "%s%s%s%s%s", (f & GDN_QK_L2NORM) ? "l2norm " : "", (f & GDN_GATE_FUSED) ? "gate " : "",
+             (f & GDN_BETA_SIGMOID) ? "beta_sigmoid " : "", (f & GDN_BETA_NEGATIVE) ? "beta_negative " : "",
+             (f & GDN_STATE_V_FIRST) ? "v_first " : "");
+    size_t len = strlen(buf);
+    if (len) buf[len - 1] = 0;
+    else snprintf(buf, n, "none");
+}
+
+static void json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+        else putchar(*s);
+    }
+    putchar('"');
+}
+
+static void json_num(double x) {
+    if (isfinite(x)) printf("%.6g", x);
+    else printf("null");
+}
+
+static void print_json(const opts *o, const gdn_config *full, const gdn_config *slice, int threads,
+                       const result *res, int nres, int all_ok) {
+    char fl[128];
+    flags_str(full->flags, fl, sizeof fl);
+    printf("{\n  \"version\": \"%d.%d\",\n  \"backend\": \"%s\",\n  \"threads\": %d,\n", GDN_VERSION_MAJOR,
+           GDN_VERSION_MINOR, be->name, threads);
+    printf("  \"config\": {\"B\": %lld, \"T\": %lld, \"H\": %d, \"HV\": %d, \"K\": %d, \"V\": %d, "
+           "\"varlen\": %d, \"dtype\": \"%s\", \"gate_dtype\": \"%s\", \"flags\": \"%s\", \"h0\": true, \"ht\": true, "
+           "\"seq_split\": %d, \"seed\": %llu},\n",
+           (long long)full->B, (long long)full->T, full->H, full->HV, full->K, full->V, o->varlen,
+           gdn_dtype_name(full->dtype), gdn_dtype_name(full->gate_dtype), fl, o->seq_split,
+           (unsigned long long)o->seed);
+    printf("  \"timing\": {\"reps\": %d, \"warmup\": %d, \"statistic\": \"median\"},\n", o->reps, o->warmup);
+    printf("  \"check\": {\"reference\": \"float64\", \"slice_B\": 1, \"slice_T\": %lld, \"metric\": "
+           "\"||out-ref||/||ref||\"},\n", (long long)slice->T);
+    printf("  \"results\": [\n");
+    for (int i = 0; i < nres; i++) {
+        const result *r = &res[i];
+        printf("    {\"op\": \"%s\", \"backend\": \"%s\", \"shape\": ", op_name[r->op], be->name);
+        json_str(r->shape);
+        printf(", \"time_ms\": "); json_num(r->status == GDN_OK ? r->ms : NAN);
+        printf(", \"gflops\": "); json_num(r->status == GDN_OK ? r->gflops : NAN);
+        printf(", \"gbytes_per_s\": "); json_num(r->status == GDN_OK ? r->gbps : NAN);
+        printf(", \"rel_err\": "); json_num(r->status == GDN_OK ? r->err : NAN);
+        printf(", \"worst\": "); json_str(r->worst);
+        printf(", \"bound\": "); json_num(r->bound);
+        printf(", \"status\": \"%s\", \"error\": ", gdn_status_string(r->status));
+        json_str(r->message);
+        printf(", \"ok\": %s}%s\n", r->ok ? "true" : "false", i + 1 < nres ? "," : "");
+    }
+    printf("  ],\n  \"ok\": %s\n}\n", all_ok ? "true" : "false");
+}
+
+static void print_table(const opts *o, const gdn_config *full, const gdn_config *slice, int threads,
+                        const result *res, int nres, int all_ok) {
+    char fl[128];
+    flags_str(full->flags, fl, sizeof fl);
+    printf("gdn %d.%d  backend %s, %d threads  dtype %s (gates %s)  flags %s  h0, ht", GDN_VERSION_MAJOR,
+           GDN_VERSION_MINOR, be->name, threads, gdn_dtype_name(full->dtype), gdn_dtype_name(full->gate_dtype), fl);
+    if (o->varlen) printf("  varlen %d sequences", o->varlen);
+    printf("\ntime: median of %d after %d warm-up; rel.err: ||out-ref||/||ref|| vs float64 on a T=%lld slice\n\n",
+           o->reps, o->warmup, (long long)slice->T);
+    printf("%-14s %-7s %-28s %10s %9s %9s %7s %s\n", "op", "backend", "shape", "time ms", "GFLOP/s", "rel.err",
+           "bound", "ok");
+    for (int i = 0; i < nres; i++) {
+        const result *r = &res[i];
+        if (r->status != GDN_OK) {
+            printf("%-14s %-7s %-28s %10s %9s %9s %7.0e %-4s %s: %s\n", op_name[r->op], be->name, r->shape, "-", "-",
+                   "-", r->bound, "FAIL", gdn_status_string(r->status), r->message);
+            continue;
+        }
+        char err[32];
+        if (isfinite(r->err)) snprintf(err, sizeof err, "%9.2e", r->err);
+        else snprintf(err, sizeof err, "%9s", "non-finite");
+        printf("%-14s %-7s %-28s %10.3f %9.2f %s %7.0e %s", op_name[r->op], be->name, r->shape, r->ms, r->gflops,
+               err, r->bound, r->ok ? "ok" : "FAIL");
+        if (!r->ok) printf(" (%s)", r->worst);
+        printf("\n");
+    }
+    printf("\n%s\n", all_ok ? "all within bounds" : "FAILED: an error is over its bound or a call failed");
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+int main(int argc, char **argv) {
+    opts o;
+    const int prc = parse(argc, argv, &o);
+    if (prc == -1) return 0;
+    if (prc) return prc;
+
+    if (o.backend == GDN_BACKEND_CUDA) {
+        if (!gdn_backend_available(GDN_BACKEND_CUDA)) {
+            fprintf(stderr, "gdn: the CUDA backend is not available: this libgdn was built without it, or no "
+                            "CUDA device is visible. Use --backend cpu.\n");
+            return 2;
+        }
+#ifdef GDN_CLI_CUDA
+        be = &cuda_backend;
+#else
+        fprintf(stderr, "gdn: libgdn has the CUDA backend, but this gdn tool was built without device memory "
+                        "support (-DGDN_CLI_CUDA). Use --backend cpu.\n");
+        return 2;
+#endif
+    } else {
+        if (!gdn_backend_available(GDN_BACKEND_CPU)) {
+            fprintf(stderr, "gdn: the CPU backend is not available in this libgdn\n");
+            return 2;
+        }
+        be = &cpu_backend;
+    }
+    rng_state = o.seed * 0x2545f4914f6cdd1dULL + 12345;
+
+    /* the full call */
+    call full;
+    memset(&full, 0, sizeof full);
+    full.ex.backend = o.backend; full.ex.threads = o.threads; full.ex.seq_split = o.seq_split;
+    gdn_config *c = &full.cfg;
+    c->B = o.B; c->T = o.T; c->H = o.H; c->HV = o.HV; c->K = o.K; c->V = o.V;
+    c->dtype = o.dtype; c->gate_dtype = o.gate_dtype; c->flags = o.flags;
+    int64_t *cu = NULL, *cu_slice = NULL;
+    void *cu_dev = NULL, *cu_slice_dev = NULL;
+    if (o.varlen) {
+        cu = xmalloc(sizeof(int64_t) * (size_t)(o.varlen + 1));
+        ragged(o.T, o.varlen, cu);
+        c->cu_seqlens = cu; c->num_seqs = o.varlen;
+    }
+    full.sz = sizes_of(c);
+
+    /* the slice: the first sequence's first SLICE_T tokens; with varlen, every
+     * sequence clipped to the first SLICE_T tokens (a prefix of each tensor) */
+    call slice = full;
+    gdn_config *cs = &slice.cfg;
+    cs->B = 1;
+    if (o.varlen) {
+        cs->T = o.T < SLICE_T ? o.T : SLICE_T;
+        cu_slice = xmalloc(sizeof(int64_t) * (size_t)(o.varlen + 1));
+        for (int i = 0; i <= o.varlen; i++) cu_slice[i] = cu[i] < cs->T ? cu[i] : cs->T;
+        cs->cu_seqlens = cu_slice;
+    } else {
+        cs->T = o.T < SLICE_T ? o.T : SLICE_T;
+    }
+    slice.sz = sizes_of(cs);
+    if (be->id == GDN_BACKEND_CUDA && o.varlen) {
+        const size_t n = sizeof(int64_t) * (size_t)(o.varlen + 1);
+        cu_dev = dev_copy(cu, n); cu_slice_dev = dev_copy(cu_slice, n);
+        c->cu_seqlens_dev = cu_dev; cs->cu_seqlens_dev = cu_slice_dev;
+    }
+
+    inputs host, dev;
+    inputs_random(c, &host);
+    inputs_upload(c, &host, &dev);
+    full.in = &dev; slice.in = &dev;
+    refs r;
+    refs_compute(cs, &host, &r);   /* the slice reads a prefix of each host tensor */
+    outputs_alloc(&slice);
+    outputs_alloc(&full);
+
+    int threads = o.threads;   /* 0: what the library resolves it to, OpenMP's default */
+#ifdef _OPENMP
+    if (be->id == GDN_BACKEND_CPU && threads == 0) threads = omp_get_max_threads();
+#endif
+
+    result res[N_OPS];
+    int all_ok = 1;
+    for (int op = 0; op < N_OPS; op++) {
+        result *x = &res[op];
+        memset(x, 0, sizeof *x);
+        x->op = op;
+        x->worst = "";
+        const int grads = op == OP_CHUNK_FWDBWD;
+        const gdn_dtype et = op == OP_GATE_FWD ? c->gate_dtype : c->dtype;
+        x->bound = et == GDN_F32 ? (grads ? 1e-4 : 1e-5) : (grads ? 1e-2 : 5e-3);
+        if (op == OP_GATE_FWD)
+            snprintf(x->shape, sizeof x->shape, "rows %lld x HV %d", (long long)full.sz.rows, c->HV);
+        else if (op == OP_L2NORM_FWD)
+            snprintf(x->shape, sizeof x->shape, "rows %lld x %d", (long long)full.sz.rows * c->H, c->K);
+        else if (o.varlen)
+            snprintf(x->shape, sizeof x->shape, "T%lld/%dseq H%d HV%d K%d V%d", (long long)c->T, o.varlen, c->H,
+                     c->HV, c->K, c->V);
+        else
+            snprintf(x->shape, sizeof x->shape, "B%lld T%lld H%d HV%d K%d V%d", (long long)c->B, (long long)c->T,
+                     c->H, c->HV, c->K, c->V);
+
+        x->err = check_op(op, &slice, &r, &x->status, &x->worst);
+        if (x->status == GDN_OK) x->status = time_op(op, &full, o.warmup, o.reps, &x->ms);
+        if (x->status != GDN_OK) {
+            snprintf(x->message, sizeof x->message, "%s", gdn_last_error());
+            x->ok = 0;
+        } else {
+            const double s = x->ms * 1e-3;
+            x->gflops = s > 0 ? op_flops(op, &full) / s * 1e-9 : 0;
+            x->gbps = s > 0 ? op_bytes(op, &full) / s * 1e-9 : 0;
+            x->ok = isfinite(x->err) && x->err <= x->bound;
+        }
+        all_ok &= x->ok;
+    }
+
+    if (o.json) print_json(&o, c, cs, threads, res, N_OPS, all_ok);
+    else print_table(&o, c, cs, threads, res, N_OPS, all_ok);
+
+    outputs_free(&full.out);
+    outputs_free(&slice.out);
+    inputs_free(&dev, be->release);
+    inputs_free(&host, free);
+    refs_free(&r);
+    if (cu_dev) be->release(cu_dev);
+    if (cu_slice_dev) be->release(cu_slice_dev);
+    free(cu); free(cu_slice);
+    return all_ok ? 0 : 1;
+}
