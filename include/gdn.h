@@ -166,6 +166,73 @@ gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype d
 gdn_status gdn_l2norm_bwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype,
                           const void *x, const float *rstd, const void *dy, void *dx);
 
+/* ---- the GDN layer pieces ---------------------------------------------- */
+
+/* Causal depthwise conv1d over x [B,T,D] (token-major, no transpose):
+ *   y[t,d] = act(bias[d] + sum_{w<W} weight[d,w] * x[t-W+1+w, d])
+ * where x before a sequence's first token comes from its initial state.
+ * States are [N,D,W] f32 holding the last W raw inputs, newest last (the
+ * oldest is not read by the convolution; it keeps the layout of the
+ * single-token update). W in 1..8 (1..4 fast). */
+typedef struct gdn_conv1d_config {
+    int64_t B, T;
+    int D, W;
+    const int64_t *cu_seqlens;  /* NULL, or host [num_seqs+1] (B must be 1)   */
+    int64_t num_seqs;
+    gdn_dtype dtype;            /* x, y, dx, dy                                */
+    int silu;                   /* 1: act = SiLU; 0: none                       */
+} gdn_conv1d_config;
+
+typedef struct gdn_conv1d_args {
+    const void *x;              /* [B,T,D], required                           */
+    const float *weight;        /* [D,W], required                              */
+    const float *bias;          /* [D] or NULL                                  */
+    const float *h0;            /* [N,D,W] initial state or NULL (zeros)        */
+    void *y;                    /* [B,T,D], required                            */
+    float *ht;                  /* [N,D,W] final state or NULL                  */
+} gdn_conv1d_args;
+
+typedef struct gdn_conv1d_bwd_args {
+    const void *x;
+    const float *weight, *bias, *h0;   /* as in forward                        */
+    const void *dy;             /* [B,T,D], required                           */
+    const float *dht;           /* [N,D,W] or NULL                              */
+    void *dx;                   /* [B,T,D], required                            */
+    float *dweight;             /* [D,W] f32, required                          */
+    float *dbias;               /* [D] f32, or NULL                             */
+    float *dh0;                 /* [N,D,W] f32, or NULL                         */
+} gdn_conv1d_bwd_args;
+
+gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, const gdn_conv1d_args *a);
+gdn_status gdn_conv1d_bwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, const gdn_conv1d_bwd_args *a);
+/* One new token per row b of x [B,D]: state[slot] shifts left by one in place,
+ * x enters as newest, y [B,D] = act(bias + sum_w weight[:,w] * state[:,w]).
+ * state is [num_slots,D,W]; slots [B] (int32) picks row b's state, -1 = padding
+ * (no read, no write, y row = 0); slots NULL means state row b. T and
+ * cu_seqlens of cfg are ignored; cfg->B is the number of rows. */
+gdn_status gdn_conv1d_update(const gdn_exec *ex, const gdn_conv1d_config *cfg, const void *x,
+                             const float *weight, const float *bias, float *state,
+                             int64_t num_slots, const int32_t *slots, void *y);
+
+/* Gated RMSNorm, per row of V (rows = B*T*HV for the GDN output):
+ *   y = x * rsqrt(mean(x^2) + eps) * w * gate(z),  gate(z) = z*sigmoid(z)
+ *   (GDN_NORM_GATE_SILU) or sigmoid(z) (GDN_NORM_GATE_SIGMOID). */
+typedef enum gdn_norm_gate { GDN_NORM_GATE_SILU = 0, GDN_NORM_GATE_SIGMOID = 1 } gdn_norm_gate;
+typedef struct gdn_rmsnorm_config {
+    int64_t rows;
+    int V;
+    gdn_dtype dtype;            /* x, z, y, dx, dz, dy                          */
+    float eps;                  /* e.g. 1e-6                                    */
+    gdn_norm_gate gate;
+} gdn_rmsnorm_config;
+/* rstd [rows] f32 may be NULL; backward recomputes it when given NULL. */
+gdn_status gdn_rmsnorm_gated_fwd(const gdn_exec *ex, const gdn_rmsnorm_config *cfg, const void *x,
+                                 const void *z, const float *w, void *y, float *rstd);
+/* dx, dz (dtype) and dw [V] f32, reduced over rows in a fixed order. */
+gdn_status gdn_rmsnorm_gated_bwd(const gdn_exec *ex, const gdn_rmsnorm_config *cfg, const void *x,
+                                 const void *z, const float *w, const float *rstd, const void *dy,
+                                 void *dx, void *dz, float *dw);
+
 #ifdef __cplusplus
 }
 #endif

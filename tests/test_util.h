@@ -60,5 +60,7 @@ void test_ref_selfcheck(void);
 void test_backend(void);
 void test_standalone(void);
 void test_errors(void);
+void test_conv1d(void);
+void test_rmsnorm(void);
 
 #endif

@@ -1,0 +1,2 @@
+/* placeholder */
+#include "internal.h"

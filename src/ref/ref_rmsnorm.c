@@ -1,0 +1,2 @@
+/* placeholder */
+#include "ref/ref.h"
