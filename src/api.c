@@ -22,7 +22,7 @@ gdn_status gdn_fail(gdn_status s, const char *fmt, ...) {
     return s;
 }
 
-static gdn_status ok(void) { last_error[0] = 0; return GDN_OK; }
+gdn_status gdn_ok(void) { last_error[0] = 0; return GDN_OK; }
 
 const char *gdn_last_error(void) { return last_error; }
 
@@ -57,7 +57,7 @@ int gdn_backend_available(gdn_backend b) { return b == GDN_BACKEND_CPU; }
 
 static int valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
 
-static gdn_status check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
+gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
     gdn_backend b = ex ? ex->backend : GDN_BACKEND_CPU;
     CHECK(b == GDN_BACKEND_CPU || b == GDN_BACKEND_CUDA, GDN_ERR_BACKEND, "unknown backend (%d)", (int)b);
     CHECK(gdn_backend_available(b), GDN_ERR_BACKEND, "backend %s is not built into this library",
@@ -79,7 +79,7 @@ static gdn_status check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
 /* Validate a gated-delta-rule config and resolve it into a plan. */
 static gdn_status make_plan(const gdn_exec *ex, const gdn_config *cfg, gdn_plan *p) {
     NEED(cfg, "");
-    gdn_status s = check_exec(ex, &p->threads, &p->seq_split);
+    gdn_status s = gdn_check_exec(ex, &p->threads, &p->seq_split);
     if (s) return s;
     const gdn_config *c = cfg;
     CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%lld) must be >= 0", (long long)c->B);
@@ -143,21 +143,21 @@ gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
 size_t gdn_chunk_saved_size(const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(NULL, cfg, &p)) return 0;
-    ok();
+    gdn_ok();
     return gdn_saved_bytes(cfg);
 }
 
 size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(ex, cfg, &p)) return 0;
-    ok();
+    gdn_ok();
     return gdn_cpu_chunk_fwd_ws(&p);
 }
 
 size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(ex, cfg, &p)) return 0;
-    ok();
+    gdn_ok();
     return gdn_cpu_chunk_bwd_ws(&p);
 }
 
@@ -189,7 +189,7 @@ gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fw
     if (!s) s = check_fwd_args(&p, a, 1);
     if (s) return s;
     gdn_cpu_chunk_fwd(&p, a);
-    return ok();
+    return gdn_ok();
 }
 
 gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
@@ -198,7 +198,7 @@ gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gd
     if (!s) s = check_fwd_args(&p, a, 0);
     if (s) return s;
     gdn_cpu_recurrent_fwd(&p, a);
-    return ok();
+    return gdn_ok();
 }
 
 /* ---- backward ---- */
@@ -227,14 +227,14 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
     CHECK(a->workspace_bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed",
           a->workspace_bytes, need);
     gdn_cpu_chunk_bwd(&p, a);
-    return ok();
+    return gdn_ok();
 }
 
 /* ---- standalone gate and l2norm ---- */
 
 static gdn_status check_rows(const gdn_exec *ex, int64_t rows, int dim, const char *dim_name, gdn_dtype t,
                              int *threads) {
-    gdn_status s = check_exec(ex, threads, NULL);
+    gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
     CHECK(rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)rows);
     CHECK(dim >= 1, GDN_ERR_SHAPE, "%s (%d) must be >= 1", dim_name, dim);
@@ -250,7 +250,7 @@ gdn_status gdn_gate_fwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dt
     NEED(A_log, "");
     if (rows > 0) { NEED(a, ""); NEED(g, ""); }
     gdn_cpu_gate_fwd(th, rows, HV, a_dtype, a, A_log, dt_bias, g);
-    return ok();
+    return gdn_ok();
 }
 
 gdn_status gdn_gate_bwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dtype, const void *a,
@@ -262,7 +262,7 @@ gdn_status gdn_gate_bwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dt
     NEED(A_log, ""); NEED(dA_log, "");
     if (rows > 0) { NEED(a, ""); NEED(dg, ""); NEED(da, ""); }
     gdn_cpu_gate_bwd(th, rows, HV, a_dtype, a, A_log, dt_bias, dg, da, dA_log, ddt_bias);
-    return ok();
+    return gdn_ok();
 }
 
 gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype, const void *x,
@@ -272,7 +272,7 @@ gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype d
     if (s) return s;
     if (rows > 0) { NEED(x, ""); NEED(y, ""); }
     gdn_cpu_l2norm_fwd(th, rows, dim, dtype, x, y, rstd);
-    return ok();
+    return gdn_ok();
 }
 
 gdn_status gdn_l2norm_bwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype, const void *x,
@@ -282,5 +282,5 @@ gdn_status gdn_l2norm_bwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype d
     if (s) return s;
     if (rows > 0) { NEED(x, ""); NEED(rstd, ""); NEED(dy, ""); NEED(dx, ""); }
     gdn_cpu_l2norm_bwd(th, rows, dim, dtype, x, rstd, dy, dx);
-    return ok();
+    return gdn_ok();
 }

@@ -14,6 +14,12 @@ gdn_status gdn_fail(gdn_status s, const char *fmt, ...)
 #endif
     ;
 
+/* Validate an exec (NULL = CPU, all threads) and resolve its thread count
+ * (>= 1) and seq_split (may be NULL). Sets the error message on failure. */
+gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split);
+/* Clear the last error and return GDN_OK: the end of every successful call. */
+gdn_status gdn_ok(void);
+
 /* ---- dtype conversion (cpu/convert.c) ---- */
 float gdn_bf16_to_f32(uint16_t h);
 uint16_t gdn_f32_to_bf16(float f);   /* round to nearest even, NaN kept */
