@@ -214,6 +214,41 @@ gdn_status gdn_conv1d_update(const gdn_exec *ex, const gdn_conv1d_config *cfg, c
                              const float *weight, const float *bias, float *state,
                              int64_t num_slots, const int32_t *slots, void *y);
 
+/* Fused decode step: one new token for each of B rows, in one pass over the
+ * state: split the conv output mixed_qkv [B, 2*H*K + HV*V] into q, k, v;
+ * q/k L2 norm (GDN_QK_L2NORM); value head j reads q/k head j/G;
+ * g = -exp(A_log)*softplus(a + dt_bias), beta = sigmoid(b) (2*sigmoid with
+ * GDN_BETA_NEGATIVE); the recurrence on the state in place; o [B,HV,V].
+ * With conv_W > 0 the call starts from the raw projection proj [B, D]
+ * instead (D = 2*H*K + HV*V): conv1d update of conv_state + SiLU first, so
+ * one call goes from projections to o. */
+typedef struct gdn_decode_config {
+    int B;                  /* rows, one token each                              */
+    int H, HV, K, V;
+    gdn_dtype dtype;        /* mixed_qkv or proj, a, b, o                         */
+    float scale;            /* 0 = 1/sqrt(K)                                      */
+    unsigned flags;         /* GDN_QK_L2NORM, GDN_BETA_NEGATIVE, GDN_STATE_V_FIRST */
+    int64_t num_slots;      /* rows of the state pools (>= B when slots is NULL)  */
+    int conv_W;             /* 0: mixed_qkv given; 1..8: conv update from proj   */
+} gdn_decode_config;
+
+typedef struct gdn_decode_args {
+    const void *mixed_qkv;     /* [B, D] q, k, v concatenated (conv_W == 0)       */
+    const void *proj;          /* [B, D] raw projection (conv_W > 0)              */
+    float *conv_state;         /* [num_slots, D, conv_W] in place (conv_W > 0)    */
+    const float *conv_weight;  /* [D, conv_W] (conv_W > 0)                        */
+    const float *conv_bias;    /* [D] or NULL                                     */
+    const void *a, *b;         /* [B, HV] raw gate and beta inputs                */
+    const float *A_log;        /* [HV]                                            */
+    const float *dt_bias;      /* [HV] or NULL                                    */
+    float *state;              /* [num_slots, HV, K, V] ([.., V, K] v-first) in place */
+    const int32_t *slots;      /* [B] pool row of each row, -1 = padding (no read,
+                                  no write, o row 0); NULL = row b uses pool row b */
+    void *o;                   /* [B, HV, V]                                      */
+} gdn_decode_args;
+
+gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, const gdn_decode_args *a);
+
 /* Gated RMSNorm, per row of V (rows = B*T*HV for the GDN output):
  *   y = x * rsqrt(mean(x^2) + eps) * w * gate(z),  gate(z) = z*sigmoid(z)
  *   (GDN_NORM_GATE_SILU) or sigmoid(z) (GDN_NORM_GATE_SIGMOID). */

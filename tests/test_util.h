@@ -62,5 +62,6 @@ void test_standalone(void);
 void test_errors(void);
 void test_conv1d(void);
 void test_rmsnorm(void);
+void test_decode(void);
 
 #endif

@@ -1,0 +1,62 @@
+/* Validation of the fused decode step (see api.c for the conventions). */
+#include <math.h>
+#include <stdlib.h>
+#include "cpu/decode.h"
+
+#define CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
+#define NEED(ptr, what) CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
+
+static int valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
+
+gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, const gdn_decode_args *a) {
+    int threads;
+    NEED(cfg, "");
+    NEED(a, "");
+    gdn_status s = gdn_check_exec(ex, &threads, NULL);
+    if (s) return s;
+    const gdn_decode_config *c = cfg;
+    CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%d) must be >= 0", c->B);
+    CHECK(c->H >= 1, GDN_ERR_SHAPE, "H (%d) must be >= 1", c->H);
+    CHECK(c->HV >= 1, GDN_ERR_SHAPE, "HV (%d) must be >= 1", c->HV);
+    CHECK(c->HV % c->H == 0, GDN_ERR_SHAPE, "HV (%d) is not a multiple of H (%d)", c->HV, c->H);
+    CHECK(c->K >= 1 && c->K <= 256, GDN_ERR_SHAPE, "K (%d) must be in 1..256", c->K);
+    CHECK(c->V >= 1 && c->V <= 256, GDN_ERR_SHAPE, "V (%d) must be in 1..256", c->V);
+    CHECK(valid_dtype(c->dtype), GDN_ERR_DTYPE, "dtype (%d) is not GDN_F32, GDN_BF16 or GDN_F16", (int)c->dtype);
+    CHECK(isfinite(c->scale), GDN_ERR_OPTION, "scale (%g) is not finite", (double)c->scale);
+    const unsigned known = GDN_QK_L2NORM | GDN_BETA_NEGATIVE | GDN_STATE_V_FIRST;
+    CHECK((c->flags & ~known) == 0, GDN_ERR_OPTION,
+          "flags 0x%x not for the decode step (it takes GDN_QK_L2NORM, GDN_BETA_NEGATIVE, GDN_STATE_V_FIRST; "
+          "gate and beta sigmoid are always fused)", c->flags & ~known);
+    CHECK(c->conv_W >= 0 && c->conv_W <= 8, GDN_ERR_SHAPE, "conv_W (%d) must be in 0..8", c->conv_W);
+    CHECK(c->num_slots >= 0, GDN_ERR_SHAPE, "num_slots (%lld) must be >= 0", (long long)c->num_slots);
+    CHECK(a->slots || c->num_slots >= c->B, GDN_ERR_SHAPE,
+          "num_slots (%lld) is less than B (%d) and no slots are given", (long long)c->num_slots, c->B);
+    if (c->B == 0) return gdn_ok();
+    NEED(a->a, ""); NEED(a->b, ""); NEED(a->A_log, ""); NEED(a->state, ""); NEED(a->o, "");
+    if (c->conv_W > 0) {
+        NEED(a->proj, " (conv_W > 0)"); NEED(a->conv_state, " (conv_W > 0)"); NEED(a->conv_weight, " (conv_W > 0)");
+    } else {
+        NEED(a->mixed_qkv, " (conv_W is 0)");
+    }
+    if (a->slots) {   /* every slot in range and used once, before anything is touched */
+        unsigned char *seen = calloc((size_t)c->num_slots + 1, 1);
+        CHECK(seen != NULL, GDN_ERR_BACKEND, "out of memory checking %lld slots", (long long)c->num_slots);
+        for (int b = 0; b < c->B; b++) {
+            const int32_t sl = a->slots[b];
+            if (sl < -1 || sl >= c->num_slots) {
+                free(seen);
+                return gdn_fail(GDN_ERR_SHAPE, "slots[%d] (%d) is out of range -1..%lld", b, (int)sl,
+                                (long long)c->num_slots - 1);
+            }
+            if (sl >= 0 && seen[sl]++) {
+                free(seen);
+                return gdn_fail(GDN_ERR_SHAPE, "slots[%d] (%d) is used by an earlier row too", b, (int)sl);
+            }
+        }
+        free(seen);
+    }
+    gdn_decode_config r = *c;
+    if (r.scale == 0.f) r.scale = 1.0f / sqrtf((float)c->K);
+    gdn_cpu_decode_step(threads, &r, a);
+    return gdn_ok();
+}
