@@ -1,2 +1,230 @@
-/* placeholder */
-#include "internal.h"
+/* Gated RMSNorm, CPU. Per row of V (notation of ref/ref_rmsnorm.c):
+ *   r = 1/sqrt(sum x^2 / V + eps),  y_i = x_i r w_i gate(z_i)
+ * backward, a_i = dy_i w_i gate(z_i):
+ *   dx_j = r (a_j - x_j c),  c = r^2 (sum_i a_i x_i) / V
+ *   dz_i = dy_i x_i r w_i gate'(z_i),   dw_i = sum over rows of dy_i x_i r gate(z_i)
+ *
+ * Layout of the work: threads take rows (OpenMP, static), each row is loaded
+ * into fp32 scratch, every loop over V is branch-free so the compiler
+ * vectorises it (sums with 16 fixed partial accumulators, sigmoid with a
+ * polynomial exp). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK, each
+ * block sums its rows in row order into a double partial, and the partials
+ * are added in block order: the bits do not depend on the thread count. */
+#include <stdlib.h>
+#include <string.h>
+#include "cpu/rmsnorm.h"
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+/* ---- dtype rows <-> fp32 (inline so the loops vectorise) ---- */
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static void load_row(gdn_dtype t, const void *src, int64_t off, float *restrict dst, int n) {
+    if (t == GDN_F32) {
+        memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float));
+    } else if (t == GDN_BF16) {
+        const uint16_t *restrict s = (const uint16_t *)src + off;
+        for (int i = 0; i < n; i++) dst[i] = u2f((uint32_t)s[i] << 16);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        int i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+        for (; i < n; i++) dst[i] = gdn_f16_to_f32(s[i]);
+    }
+}
+
+/* Round to nearest even, as gdn_store does (NaN kept, f16 overflow -> inf). */
+static void store_row(gdn_dtype t, void *dst, int64_t off, const float *restrict src, int n) {
+    if (t == GDN_F32) {
+        memcpy((float *)dst + off, src, (size_t)n * sizeof(float));
+    } else if (t == GDN_BF16) {
+        uint16_t *restrict d = (uint16_t *)dst + off;
+        for (int i = 0; i < n; i++) {
+            const uint32_t u = f2u(src[i]);
+            const uint32_t rn = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, qn = (u >> 16) | 0x40u;
+            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? qn : rn);
+        }
+    } else {
+        uint16_t *d = (uint16_t *)dst + off;
+        int i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+        for (; i < n; i++) d[i] = gdn_f32_to_f16(src[i]);
+    }
+}
+
+/* ---- math ---- */
+
+/* exp(x) for the sigmoid, branch-free so it vectorises: x = n ln2 + f,
+ * |f| <= ln2/2, exp(f) by its Taylor series to degree 7 (error < 5e-9
+ * relative, below fp32 rounding), 2^n through the exponent bits. x is
+ * clamped to [-87, 88], where the sigmoid is 0 or 1 in fp32 anyway. */
+static inline float exp_poly(float x) {
+    x = x < -87.f ? -87.f : x;
+    x = x > 88.f ? 88.f : x;
+    const float shift = 12582912.f;  /* 1.5 * 2^23: adding it rounds to an integer */
+    const float t = x * 1.44269504f + shift;
+    const float n = t - shift;
+    const int32_t ni = (int32_t)(f2u(t) - f2u(shift));
+    const float f = (x - n * 0.693145752f) - n * 1.42860677e-6f;  /* ln2 = hi + lo, hi exact in 16 bits */
+    float p = 1.f / 5040.f;
+    p = p * f + 1.f / 720.f;
+    p = p * f + 1.f / 120.f;
+    p = p * f + 1.f / 24.f;
+    p = p * f + 1.f / 6.f;
+    p = p * f + 0.5f;
+    p = p * f + 1.f;
+    p = p * f + 1.f;
+    return p * u2f((uint32_t)(ni + 127) << 23);
+}
+
+static inline float sigm(float z) { return 1.f / (1.f + exp_poly(-z)); }
+
+/* sum of squares in a fixed order: 16 running partials, then a fixed tree */
+static float sum_sq(const float *restrict x, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[i + k] * x[i + k];
+    for (int k = 0; i < n; i++, k++) acc[k] += x[i] * x[i];
+    for (int h = 8; h >= 1; h /= 2)
+        for (int k = 0; k < h; k++) acc[k] += acc[k + h];
+    return acc[0];
+}
+
+static float sum_prod(const float *restrict a, const float *restrict b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[i + k] * b[i + k];
+    for (int k = 0; i < n; i++, k++) acc[k] += a[i] * b[i];
+    for (int h = 8; h >= 1; h /= 2)
+        for (int k = 0; k < h; k++) acc[k] += acc[k + h];
+    return acc[0];
+}
+
+/* forward and backward compute r the same way, so a recomputed rstd has the
+ * bits of the one forward wrote */
+static inline float row_rstd(const float *x, int V, float eps) {
+    return 1.0f / sqrtf(sum_sq(x, V) / (float)V + eps);
+}
+
+/* ---- forward ---- */
+
+static void fwd_rows(const gdn_rmsnorm_config *c, const void *x, const void *z, const float *restrict w,
+                     void *y, float *rstd, int64_t r, float *restrict xr, float *restrict zr) {
+    const int V = c->V;
+    load_row(c->dtype, x, r * V, xr, V);
+    load_row(c->dtype, z, r * V, zr, V);
+    const float rs = row_rstd(xr, V, c->eps);
+    if (c->gate == GDN_NORM_GATE_SILU)
+        for (int i = 0; i < V; i++) xr[i] = xr[i] * rs * w[i] * (zr[i] * sigm(zr[i]));
+    else
+        for (int i = 0; i < V; i++) xr[i] = xr[i] * rs * w[i] * sigm(zr[i]);
+    store_row(c->dtype, y, r * V, xr, V);
+    if (rstd) rstd[r] = rs;
+}
+
+int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x, const void *z,
+                        const float *w, void *y, float *rstd) {
+    const int64_t rows = c->rows;
+    const int V = c->V;
+    if (rows == 0) return 0;
+    const int nt = (int64_t)threads > rows ? (int)rows : threads;
+    float *scratch = malloc((size_t)nt * 2 * (size_t)V * sizeof(float));
+    if (!scratch) return -1;
+    #pragma omp parallel num_threads(nt)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *xr = scratch + (size_t)tid * 2 * V, *zr = xr + V;
+        const unsigned m = gdn_ftz_begin();
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) fwd_rows(c, x, z, w, y, rstd, r, xr, zr);
+        gdn_ftz_end(m);
+    }
+    free(scratch);
+    return 0;
+}
+
+/* ---- backward ---- */
+
+/* One row: dx, dz written, dy x r gate(z) added to the block's partial dwp. */
+static void bwd_row(const gdn_rmsnorm_config *c, const void *x, const void *z, const float *restrict w,
+                    const float *rstd, const void *dy, void *dx, void *dz, int64_t r,
+                    float *restrict xr, float *restrict zr, float *restrict ar, double *restrict dwp) {
+    const int V = c->V;
+    load_row(c->dtype, x, r * V, xr, V);
+    load_row(c->dtype, z, r * V, zr, V);
+    load_row(c->dtype, dy, r * V, ar, V);
+    const float rs = rstd ? rstd[r] : row_rstd(xr, V, c->eps);
+    const int silu = c->gate == GDN_NORM_GATE_SILU;
+    for (int i = 0; i < V; i++) {
+        const float s = sigm(zr[i]);
+        const float g = silu ? zr[i] * s : s;
+        const float dg = silu ? s * (1.f + zr[i] * (1.f - s)) : s * (1.f - s);
+        const float dyx = ar[i] * (xr[i] * rs);
+        dwp[i] += (double)(dyx * g);
+        zr[i] = dyx * w[i] * dg;        /* dz */
+        ar[i] = ar[i] * w[i] * g;       /* a = dL/dxhat */
+    }
+    store_row(c->dtype, dz, r * V, zr, V);
+    if (V == 1) {
+        /* a - x c = a (1 - x^2 r^2) = a eps r^2 exactly when V == 1: the
+         * general form would cancel all of its ~eps-sized digits */
+        ar[0] = rs * ar[0] * (c->eps * rs * rs);
+    } else {
+        const float cc = sum_prod(ar, xr, V) / (float)V * rs * rs;
+        for (int i = 0; i < V; i++) ar[i] = rs * (ar[i] - xr[i] * cc);
+    }
+    store_row(c->dtype, dx, r * V, ar, V);
+}
+
+int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x, const void *z,
+                        const float *w, const float *rstd, const void *dy, void *dx, void *dz,
+                        float *dw) {
+    const int64_t rows = c->rows;
+    const int V = c->V;
+    const int64_t RB = GDN_RMSNORM_ROW_BLOCK, nb = (rows + RB - 1) / RB;
+    const int nt = nb == 0 ? 1 : (int64_t)threads > nb ? (int)nb : threads;
+    /* [nb, V] double partials of dw, then [nt, 3V] fp32 row scratch */
+    double *part = malloc((size_t)nb * V * sizeof(double) + (size_t)nt * 3 * V * sizeof(float));
+    if (!part) return -1;
+    float *scratch = (float *)(part + (size_t)nb * V);
+    #pragma omp parallel num_threads(nt)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *xr = scratch + (size_t)tid * 3 * V, *zr = xr + V, *ar = zr + V;
+        const unsigned m = gdn_ftz_begin();
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < nb; b++) {
+            double *dwp = part + b * V;
+            for (int i = 0; i < V; i++) dwp[i] = 0;
+            const int64_t r1 = (b + 1) * RB < rows ? (b + 1) * RB : rows;
+            for (int64_t r = b * RB; r < r1; r++)
+                bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, dwp);
+        }
+        gdn_ftz_end(m);
+    }
+    for (int i = 0; i < V; i++) {
+        double s = 0;
+        for (int64_t b = 0; b < nb; b++) s += part[b * V + i];
+        dw[i] = (float)s;
+    }
+    free(part);
+    return 0;
+}
