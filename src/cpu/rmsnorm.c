@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/rmsnorm.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
 #endif
