@@ -44,8 +44,18 @@
  *           (add, softplus as 1, multiply, negate; exp(A_log) is per head).
  *   l2norm: sum of squares (2 per element) and the scaling (1): 3 per element.
  *
+ * GDN layer pieces:
+ *   decode step, per row per value head: the recurrent forward's 7*K*V
+ *           (the L2 norms, gate and beta are O(K + V) and left out); with the
+ *           fused conv update, 2*W multiply-add FLOPs per channel of the
+ *           row's D = 2*H*K + HV*V (SiLU left out). Memory bound at small B:
+ *           the state row is read and written once.
+ *   conv1d, gated RMSNorm: pure memory traffic, a few FLOPs per element;
+ *           they have a byte model only (the CLI reports them in GB/s).
+ *
  * Bytes: every input read once and every output written once, at their
- * dtypes (the minimum traffic; for the GPU's bandwidth fraction).
+ * dtypes (the minimum traffic; for the GPU's bandwidth fraction). A state
+ * updated in place (decode) is read once and written once.
  */
 #ifndef GDN_TOOLS_FLOPS_H
 #define GDN_TOOLS_FLOPS_H
@@ -126,6 +136,79 @@ static inline double gdn_bytes_gate_fwd(int64_t rows, int HV, gdn_dtype a_dtype)
 /* x in, y out [rows, dim], rstd [rows] f32 out (when wanted) */
 static inline double gdn_bytes_l2norm_fwd(int64_t rows, int dim, gdn_dtype t, int has_rstd) {
     return (double)rows * dim * 2.0 * (double)gdn_dtype_size(t) + (has_rstd ? (double)rows * 4.0 : 0.0);
+}
+
+/* ---- the GDN layer pieces ---- */
+
+/* channels of mixed_qkv / proj: q, k, v concatenated */
+static inline int gdn_decode_dim(const gdn_decode_config *c) { return 2 * c->H * c->K + c->HV * c->V; }
+
+static inline double gdn_flops_decode_step(const gdn_decode_config *c) {
+    double f = 7.0 * (double)c->K * (double)c->V * (double)c->B * c->HV;
+    if (c->conv_W > 0) f += 2.0 * c->conv_W * (double)gdn_decode_dim(c) * c->B;
+    return f;
+}
+
+/* mixed_qkv (or proj) [B,D], a, b [B,HV] in; o [B,HV,V] out; A_log, dt_bias [HV] in;
+ * each row's state [HV,K,V] f32 read and written; slots [B] int32 in; with the
+ * conv update each row's conv state [D,W] f32 read and written, weight [D,W]
+ * and bias [D] in. Padding rows (slot -1) are counted as full rows. */
+static inline double gdn_bytes_decode_step(const gdn_decode_config *c, int has_dt_bias, int has_slots,
+                                           int has_conv_bias) {
+    const double rows = c->B, ds = (double)gdn_dtype_size(c->dtype), D = gdn_decode_dim(c);
+    double b = rows * D * ds + 2.0 * rows * c->HV * ds + rows * c->HV * c->V * ds
+             + 2.0 * rows * c->HV * (double)c->K * c->V * 4.0
+             + (1.0 + (has_dt_bias ? 1.0 : 0.0)) * c->HV * 4.0;
+    if (has_slots) b += rows * 4.0;
+    if (c->conv_W > 0) {
+        b += 2.0 * rows * D * c->conv_W * 4.0 + D * c->conv_W * 4.0;
+        if (has_conv_bias) b += D * 4.0;
+    }
+    return b;
+}
+
+/* number of sequences, i.e. of conv states in h0 / ht */
+static inline double gdn_conv1d_seqs(const gdn_conv1d_config *c) {
+    return c->cu_seqlens ? (double)c->num_seqs : (double)c->B;
+}
+
+/* x in, y out [B,T,D]; weight [D,W], bias [D] in; h0 in, ht out [N,D,W] f32 */
+static inline double gdn_bytes_conv1d_fwd(const gdn_conv1d_config *c, int has_bias, int has_h0, int has_ht) {
+    const double el = (double)c->B * (double)c->T * c->D, ds = (double)gdn_dtype_size(c->dtype);
+    const double st = gdn_conv1d_seqs(c) * c->D * c->W * 4.0;
+    double b = 2.0 * el * ds + (double)c->D * c->W * 4.0;
+    if (has_bias) b += c->D * 4.0;
+    if (has_h0) b += st;
+    if (has_ht) b += st;
+    return b;
+}
+
+/* x, dy in, dx out [B,T,D]; weight in, dweight out [D,W]; bias in, dbias out [D];
+ * h0, dht in, dh0 out [N,D,W] f32 */
+static inline double gdn_bytes_conv1d_bwd(const gdn_conv1d_config *c, int has_bias, int has_h0, int has_dht,
+                                          int has_dbias, int has_dh0) {
+    const double el = (double)c->B * (double)c->T * c->D, ds = (double)gdn_dtype_size(c->dtype);
+    const double st = gdn_conv1d_seqs(c) * c->D * c->W * 4.0;
+    double b = 3.0 * el * ds + 2.0 * (double)c->D * c->W * 4.0;
+    if (has_bias) b += c->D * 4.0;
+    if (has_dbias) b += c->D * 4.0;
+    if (has_h0) b += st;
+    if (has_dht) b += st;
+    if (has_dh0) b += st;
+    return b;
+}
+
+/* x, z in, y out [rows,V]; w [V] f32 in; rstd [rows] f32 out (when wanted) */
+static inline double gdn_bytes_rmsnorm_gated_fwd(const gdn_rmsnorm_config *c, int has_rstd) {
+    const double el = (double)c->rows * c->V;
+    return 3.0 * el * (double)gdn_dtype_size(c->dtype) + c->V * 4.0 + (has_rstd ? (double)c->rows * 4.0 : 0.0);
+}
+
+/* x, z, dy in, dx, dz out [rows,V]; w in, dw out [V] f32; rstd [rows] in (when given) */
+static inline double gdn_bytes_rmsnorm_gated_bwd(const gdn_rmsnorm_config *c, int has_rstd) {
+    const double el = (double)c->rows * c->V;
+    return 5.0 * el * (double)gdn_dtype_size(c->dtype) + 2.0 * c->V * 4.0
+         + (has_rstd ? (double)c->rows * 4.0 : 0.0);
 }
 
 #endif /* GDN_TOOLS_FLOPS_H */

@@ -2,11 +2,14 @@
  * against the float64 reference.
  *
  * For each op: the median time of a few runs after warm-up on the full shape,
- * the rate from the FLOP model of tools/flops.h, and the relative error
- * ||out - ref|| / ||ref|| against src/ref on a slice of the same call (the
- * first sequence, its first min(T, 256) tokens; with --varlen every sequence
- * clipped to the first 256 tokens). Exits 1 when an error is over the bound of
- * DESIGN.md §5 or a call fails, 2 on bad flags.
+ * the rates from the FLOP and byte models of tools/flops.h, and the relative
+ * error ||out - ref|| / ||ref|| against the float64 reference on a slice of
+ * the same call (the first sequence, its first min(T, 256) tokens; with
+ * --varlen every sequence clipped to the first 256 tokens; the decode step on
+ * its first rows). The gated delta rule ops are checked against src/ref; the
+ * GDN layer pieces (decode step, conv1d, gated RMSNorm) against plain double
+ * loops below, written from the math in gdn.h. Exits 1 when an error is over
+ * the bound of DESIGN.md §5 or a call fails, 2 on bad flags.
  *
  * The tensors live where the backend wants them: host memory for the CPU,
  * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
@@ -29,6 +32,24 @@
 
 #define SLICE_T 256
 
+/* the GDN layer pieces */
+#define DECODE_B 32            /* default rows of the decode step                  */
+#define DECODE_CHECK_ROWS 8    /* rows of the decode step checked on the slice     */
+#define CONV_W 4               /* conv1d width, here and in decode_step+conv       */
+#define NORM_EPS 1e-6f         /* gated RMSNorm eps                                */
+
+/* ---- the ops -------------------------------------------------------------- */
+
+enum { OP_CHUNK_FWD, OP_CHUNK_FWDBWD, OP_RECURRENT_FWD, OP_GATE_FWD, OP_L2NORM_FWD,
+       OP_DECODE, OP_DECODE_CONV, OP_CONV_FWD, OP_CONV_BWD, OP_NORM_FWD, OP_NORM_BWD, N_OPS };
+static const char *op_name[N_OPS] = {"chunk_fwd", "chunk_fwd+bwd", "recurrent_fwd", "gate_fwd", "l2norm_fwd",
+                                     "decode_step", "decode_step+conv", "conv1d_fwd", "conv1d_bwd",
+                                     "rmsnorm_gated_fwd", "rmsnorm_gated_bwd"};
+static int op_is_layer(int op) { return op >= OP_DECODE; }
+static int op_has_grads(int op) { return op == OP_CHUNK_FWDBWD || op == OP_CONV_BWD || op == OP_NORM_BWD; }
+/* conv1d and the norm have no FLOP model: GB/s only */
+static int op_has_flops(int op) { return !(op >= OP_CONV_FWD && op <= OP_NORM_BWD); }
+
 /* ---- options -------------------------------------------------------------- */
 
 typedef struct opts {
@@ -44,21 +65,47 @@ typedef struct opts {
     gdn_backend backend;
     int json, quick;
     uint64_t seed;
+    int decode_B;               /* rows of the decode step */
+    unsigned ops;               /* bit op: run op */
 } opts;
 
 static void usage(FILE *f) {
     fprintf(f,
 "usage: gdn [flags]\n"
 "\n"
-"Runs each op of the gdn library on one shape: chunk_fwd, chunk_fwd+bwd,\n"
-"recurrent_fwd, gate_fwd, l2norm_fwd. For each it prints the median time of\n"
-"--reps runs after --warmup runs, GFLOP/s (FLOP model of tools/flops.h), and\n"
-"the relative error ||out - ref|| / ||ref|| against the float64 reference on\n"
-"a slice of the call (first sequence, first min(T, 256) tokens; with --varlen\n"
-"all sequences clipped to the first 256 tokens), for fwd+bwd the largest over\n"
-"all gradients. Exit status: 0 all within the bounds of DESIGN.md section 5\n"
-"(f32: 1e-5 fwd, 1e-4 grads; bf16/f16: 5e-3 fwd, 1e-2 grads), 1 an error over\n"
-"its bound or a failed call, 2 bad flags.\n"
+"Runs each op of the gdn library on one shape. For each it prints the median\n"
+"time of --reps runs after --warmup runs, GFLOP/s and GB/s (FLOP and byte\n"
+"models of tools/flops.h; bytes = every input read once, every output written\n"
+"once), and the relative error ||out - ref|| / ||ref|| against a float64\n"
+"reference on a slice of the call (first sequence, first min(T, 256) tokens;\n"
+"with --varlen all sequences clipped to the first 256 tokens), the largest\n"
+"over all outputs or gradients of the op. Exit status: 0 all within the bounds\n"
+"of DESIGN.md section 5 (f32: 1e-5 fwd, 1e-4 grads; bf16/f16: 5e-3 fwd, 1e-2\n"
+"grads), 1 an error over its bound or a failed call, 2 bad flags.\n"
+"\n"
+"ops (all by default; pick with --ops)\n"
+"  chunk_fwd          chunked forward, q k v [B,T,..], h0 -> o, ht\n"
+"  chunk_fwd+bwd      chunked forward keeping what backward needs, then the\n"
+"                     backward: dq dk dv, da/dg, db/dbeta, dA_log, ddt_bias, dh0\n"
+"  recurrent_fwd      token-by-token forward, same inputs and outputs\n"
+"  gate_fwd           g = -exp(A_log)*softplus(a + dt_bias) over [B*T, HV]\n"
+"  l2norm_fwd         L2 norm of q's rows [B*T*H, K]\n"
+"  decode_step        fused decode step: --decode-B rows (default 32), one token\n"
+"                     each, mixed_qkv [rows, 2*H*K + HV*V] in the dtype, raw a, b\n"
+"                     in the dtype, fp32 state pool of 2*rows slots (rows picked\n"
+"                     through slots), q/k l2norm (unless --no-l2norm), o and the\n"
+"                     state in place; checked on the first 8 rows (o, state rows\n"
+"                     written, every other pool row unchanged)\n"
+"  decode_step+conv   the same from the raw projection: conv1d update (W=4,\n"
+"                     bias, SiLU) of an fp32 conv state pool first\n"
+"  conv1d_fwd         causal depthwise conv1d over x [B,T,D], D = 2*H*K + HV*V,\n"
+"                     W=4, bias, SiLU, h0 -> y, ht (cu_seqlens with --varlen)\n"
+"  conv1d_bwd         its backward alone: dx, dweight, dbias, dh0 from dy, dht\n"
+"  rmsnorm_gated_fwd  gated RMSNorm over rows = B*T*HV of V, SiLU gate, eps\n"
+"                     1e-6, f32 weight -> y, rstd\n"
+"  rmsnorm_gated_bwd  its backward alone (rstd from the forward): dx, dz, dw\n"
+"decode_step, conv1d and rmsnorm are memory bound: their rate is GB/s; conv1d\n"
+"and rmsnorm have no FLOP model (GFLOP/s '-').\n"
 "\n"
 "Default: B=1 T=4096 H=4 HV=8 K=V=128 bf16, q/k l2norm, fused gate and beta\n"
 "sigmoid in the kernel, with h0 and ht (a Qwen3-Next-like layer scaled for a\n"
@@ -71,6 +118,7 @@ static void usage(FILE *f) {
 "  --HV N             value heads, a multiple of H (default 8)\n"
 "  --K N, --V N       q/k and value head dims, 1..256 (default 128)\n"
 "  --varlen N         N ragged sequences over the T tokens (cu_seqlens, B = 1)\n"
+"  --decode-B N       rows of decode_step and decode_step+conv (default 32)\n"
 "types and options\n"
 "  --dtype f32|bf16|f16       q, k, v, o and their gradients (default bf16)\n"
 "  --gate-dtype f32|bf16|f16  g/a and beta/b: f32 or the dtype (default f32)\n"
@@ -86,6 +134,8 @@ static void usage(FILE *f) {
 "  --warmup N         untimed runs before them (default 1)\n"
 "  --seed N           random inputs (default 1)\n"
 "  --quick            T=256 (unless --T is given), 1 rep, no warm-up\n"
+"  --ops LIST         only these ops, comma-separated names from the list above\n"
+"                     (e.g. --ops decode_step,conv1d_fwd); default all\n"
 "output\n"
 "  --json             the same results as one JSON object on stdout\n"
 "  --help             this text\n");
@@ -121,6 +171,33 @@ static int parse_dtype(const char *name, const char *s, gdn_dtype *t) {
     return 0;
 }
 
+/* comma-separated op names -> bit set */
+static int parse_ops(const char *s, unsigned *ops) {
+    *ops = 0;
+    if (!*s) return bad("--ops needs at least one op name%s%s", "", "");
+    const char *p = s;
+    while (1) {
+        const char *e = strchr(p, ',');
+        const size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = -1;
+        for (int op = 0; op < N_OPS; op++)
+            if (strlen(op_name[op]) == n && !strncmp(op_name[op], p, n)) found = op;
+        if (found < 0) {
+            char word[80], known[400] = "";
+            snprintf(word, sizeof word, "%.*s", (int)(n < 60 ? n : 60), p);
+            for (int op = 0; op < N_OPS; op++) {
+                strcat(known, op_name[op]);
+                if (op + 1 < N_OPS) strcat(known, ", ");
+            }
+            return bad("--ops: '%s' is not an op; the ops are %s", word, known);
+        }
+        *ops |= 1u << found;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 /* returns 0, 2 (bad flags) or -1 (--help printed) */
 static int parse(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof *o);
@@ -128,6 +205,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->dtype = GDN_BF16; o->gate_dtype = GDN_F32;
     o->flags = GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID;
     o->reps = 5; o->warmup = 1; o->seed = 1; o->backend = GDN_BACKEND_CPU;
+    o->decode_B = DECODE_B; o->ops = (1u << N_OPS) - 1;
     for (int i = 1; i < argc; i++) {
         char name[64];
         const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
@@ -157,7 +235,7 @@ static int parse(int argc, char **argv, opts *o) {
         }
         static const char *valued[] = {"--B", "--T", "--H", "--HV", "--K", "--V", "--varlen", "--threads",
                                        "--seq-split", "--reps", "--warmup", "--seed", "--dtype", "--gate-dtype",
-                                       "--backend"};
+                                       "--backend", "--decode-B", "--ops"};
         int known = 0;
         for (size_t s = 0; s < sizeof valued / sizeof *valued; s++)
             if (!strcmp(name, valued[s])) known = 1;
@@ -182,6 +260,8 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(name, "--seed")) { rc = parse_int(name, val, 0, (long long)(~0ULL >> 1), &x); o->seed = (uint64_t)x; }
         else if (!strcmp(name, "--dtype")) rc = parse_dtype(name, val, &o->dtype);
         else if (!strcmp(name, "--gate-dtype")) { rc = parse_dtype(name, val, &o->gate_dtype); o->gate_dtype_set = 1; }
+        else if (!strcmp(name, "--decode-B")) { rc = parse_int(name, val, 1, 1 << 20, &x); o->decode_B = (int)x; }
+        else if (!strcmp(name, "--ops")) rc = parse_ops(val, &o->ops);
         else if (!strcmp(name, "--backend")) {
             if (!strcmp(val, "cpu")) o->backend = GDN_BACKEND_CPU;
             else if (!strcmp(val, "cuda")) o->backend = GDN_BACKEND_CUDA;
@@ -383,7 +463,26 @@ typedef struct outputs {
     float *gate_g;
     void *l2_y;
     float *l2_rstd;
+    /* the GDN layer pieces */
+    void *dec_o, *dec2_o;                      /* [dB,HV,V] decode_step, decode_step+conv */
+    void *cv_y, *cv_dx;                        /* [B,T,D] */
+    float *cv_ht, *cv_dw, *cv_db, *cv_dh0;     /* [N,D,W], [D,W], [D], [N,D,W] */
+    void *nm_y, *nm_dx, *nm_dz;                /* [rows,V] */
+    float *nm_rstd, *nm_dw;                    /* [rows], [V] */
 } outputs;
+
+/* the inputs of the GDN layer pieces (device or host pointers, one set for
+ * the full call; the slice reads a prefix of each) */
+typedef struct layer_in {
+    void *mqkv, *da, *db;        /* [dB,D] mixed_qkv (the proj of decode_step+conv), [dB,HV] raw a, b */
+    float *A_log, *dt_bias;      /* [HV] */
+    float *pool, *cpool;         /* [slots,HV,K,V] state pool, [slots,D,W] conv state pool (in place) */
+    int32_t *slots;              /* [dB] */
+    void *x, *dy;                /* [B,T,D] conv1d input and output gradient */
+    float *cw, *cb, *h0, *dht;   /* [D,W], [D], [N,D,W], [N,D,W] (cw, cb also for decode_step+conv) */
+    void *nx, *nz, *ndy;         /* [rows,V] norm input, gate, output gradient */
+    float *nw;                   /* [V] */
+} layer_in;
 
 typedef struct call {
     gdn_exec ex;
@@ -391,7 +490,14 @@ typedef struct call {
     sizes sz;
     const inputs *in;
     outputs out;
+    /* the GDN layer pieces */
+    gdn_decode_config dec;       /* conv_W 0; decode_step+conv sets it */
+    gdn_conv1d_config conv;
+    gdn_rmsnorm_config norm;
+    const layer_in *lin;
 } call;
+
+static const layer_in *lay_host;   /* host copy: the initial state pools */
 
 static void outputs_alloc(call *c) {
     const gdn_config *g = &c->cfg;
@@ -419,16 +525,36 @@ static void outputs_alloc(call *c) {
     o->l2_rstd = dev_nan(GDN_F32, (size_t)s->rows * g->H);
 }
 
+static void layer_outputs_alloc(call *c) {
+    outputs *o = &c->out;
+    const gdn_dtype dt = c->cfg.dtype;
+    const size_t nx = (size_t)(c->conv.B * c->conv.T) * c->conv.D,
+                 nst = (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W,
+                 nn = (size_t)c->norm.rows * c->norm.V, no = (size_t)c->dec.B * c->dec.HV * c->dec.V;
+    o->dec_o = dev_nan(dt, no);
+    o->dec2_o = dev_nan(dt, no);
+    o->cv_y = dev_nan(dt, nx);
+    o->cv_dx = dev_nan(dt, nx);
+    o->cv_ht = dev_nan(GDN_F32, nst);
+    o->cv_dw = dev_nan(GDN_F32, (size_t)c->conv.D * c->conv.W);
+    o->cv_db = dev_nan(GDN_F32, (size_t)c->conv.D);
+    o->cv_dh0 = dev_nan(GDN_F32, nst);
+    o->nm_y = dev_nan(dt, nn);
+    o->nm_dx = dev_nan(dt, nn);
+    o->nm_dz = dev_nan(dt, nn);
+    o->nm_rstd = dev_nan(GDN_F32, (size_t)c->norm.rows);
+    o->nm_dw = dev_nan(GDN_F32, (size_t)c->norm.V);
+}
+
 static void outputs_free(outputs *o) {
     void *p[] = {o->o, o->saved, o->ws_fwd, o->ws_bwd, o->ht, o->dq, o->dk, o->dv, o->dg, o->dbeta,
-                 o->dA_log, o->ddt_bias, o->dh0, o->gate_g, o->l2_y, o->l2_rstd};
+                 o->dA_log, o->ddt_bias, o->dh0, o->gate_g, o->l2_y, o->l2_rstd,
+                 o->dec_o, o->dec2_o, o->cv_y, o->cv_dx, o->cv_ht, o->cv_dw, o->cv_db, o->cv_dh0,
+                 o->nm_y, o->nm_dx, o->nm_dz, o->nm_rstd, o->nm_dw};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) be->release(p[i]);
 }
 
 /* ---- the ops ---------------------------------------------------------------- */
-
-enum { OP_CHUNK_FWD, OP_CHUNK_FWDBWD, OP_RECURRENT_FWD, OP_GATE_FWD, OP_L2NORM_FWD, N_OPS };
-static const char *op_name[N_OPS] = {"chunk_fwd", "chunk_fwd+bwd", "recurrent_fwd", "gate_fwd", "l2norm_fwd"};
 
 static gdn_status call_fwd(call *c, int recurrent, int keep) {
     const inputs *in = c->in;
@@ -478,9 +604,63 @@ static gdn_status run_op(int op, call *c) {
         s = gdn_l2norm_fwd(&c->ex, c->sz.rows * c->cfg.H, c->cfg.K, c->cfg.dtype, c->in->q, c->out.l2_y,
                            c->out.l2_rstd);
         break;
+    case OP_DECODE:
+    case OP_DECODE_CONV: {
+        const layer_in *l = c->lin;
+        gdn_decode_config dc = c->dec;
+        gdn_decode_args a;
+        memset(&a, 0, sizeof a);
+        a.a = l->da; a.b = l->db; a.A_log = l->A_log; a.dt_bias = l->dt_bias;
+        a.state = l->pool; a.slots = l->slots;
+        if (op == OP_DECODE_CONV) {
+            dc.conv_W = CONV_W;
+            a.proj = l->mqkv; a.conv_state = l->cpool; a.conv_weight = l->cw; a.conv_bias = l->cb;
+            a.o = c->out.dec2_o;
+        } else {
+            a.mixed_qkv = l->mqkv;
+            a.o = c->out.dec_o;
+        }
+        s = gdn_decode_step(&c->ex, &dc, &a);
+        break;
+    }
+    case OP_CONV_FWD: {
+        const layer_in *l = c->lin;
+        const gdn_conv1d_args a = {l->x, l->cw, l->cb, l->h0, c->out.cv_y, c->out.cv_ht};
+        s = gdn_conv1d_fwd(&c->ex, &c->conv, &a);
+        break;
+    }
+    case OP_CONV_BWD: {
+        const layer_in *l = c->lin;
+        const gdn_conv1d_bwd_args a = {l->x, l->cw, l->cb, l->h0, l->dy, l->dht,
+                                       c->out.cv_dx, c->out.cv_dw, c->out.cv_db, c->out.cv_dh0};
+        s = gdn_conv1d_bwd(&c->ex, &c->conv, &a);
+        break;
+    }
+    case OP_NORM_FWD:
+        s = gdn_rmsnorm_gated_fwd(&c->ex, &c->norm, c->lin->nx, c->lin->nz, c->lin->nw, c->out.nm_y,
+                                  c->out.nm_rstd);
+        break;
+    case OP_NORM_BWD:
+        s = gdn_rmsnorm_gated_bwd(&c->ex, &c->norm, c->lin->nx, c->lin->nz, c->lin->nw, c->out.nm_rstd,
+                                  c->lin->ndy, c->out.nm_dx, c->out.nm_dz, c->out.nm_dw);
+        break;
     }
     be->sync();
     return s;
+}
+
+/* before the checked run and before the timed runs: the decode steps start
+ * from the initial state pools; the norm's backward reads the forward's rstd */
+static gdn_status prepare_op(int op, call *c) {
+    if (op == OP_DECODE || op == OP_DECODE_CONV) {
+        const int D = gdn_decode_dim(&c->dec);
+        be->upload(c->lin->pool, lay_host->pool, sizeof(float) * (size_t)c->dec.num_slots * c->dec.HV * c->dec.K * c->dec.V);
+        if (op == OP_DECODE_CONV)
+            be->upload(c->lin->cpool, lay_host->cpool, sizeof(float) * (size_t)c->dec.num_slots * D * CONV_W);
+        be->sync();
+    }
+    if (op == OP_NORM_BWD) return run_op(OP_NORM_FWD, c);
+    return GDN_OK;
 }
 
 static double now_ms(void) {
@@ -497,7 +677,7 @@ static int cmp_double(const void *a, const void *b) {
 /* median of reps timed runs after warmup runs */
 static gdn_status time_op(int op, call *c, int warmup, int reps, double *ms) {
     double *t = xmalloc(sizeof(double) * (size_t)reps);
-    gdn_status s = GDN_OK;
+    gdn_status s = prepare_op(op, c);
     for (int i = 0; i < warmup && s == GDN_OK; i++) s = run_op(op, c);
     for (int i = 0; i < reps && s == GDN_OK; i++) {
         const double t0 = now_ms();
@@ -518,7 +698,14 @@ static double op_flops(int op, const call *c) {
     case OP_CHUNK_FWDBWD: return gdn_flops_chunk_fwd(&c->cfg) + gdn_flops_chunk_bwd(&c->cfg);
     case OP_RECURRENT_FWD: return gdn_flops_recurrent_fwd(&c->cfg);
     case OP_GATE_FWD: return gdn_flops_gate_fwd(c->sz.rows, c->cfg.HV);
-    default: return gdn_flops_l2norm_fwd(c->sz.rows * c->cfg.H, c->cfg.K);
+    case OP_L2NORM_FWD: return gdn_flops_l2norm_fwd(c->sz.rows * c->cfg.H, c->cfg.K);
+    case OP_DECODE: return gdn_flops_decode_step(&c->dec);
+    case OP_DECODE_CONV: {
+        gdn_decode_config dc = c->dec;
+        dc.conv_W = CONV_W;
+        return gdn_flops_decode_step(&dc);
+    }
+    default: return 0;   /* no FLOP model */
     }
 }
 
@@ -528,7 +715,17 @@ static double op_bytes(int op, const call *c) {
     case OP_CHUNK_FWDBWD: return gdn_bytes_chunk_fwd(&c->cfg, 1, 1) + gdn_bytes_chunk_bwd(&c->cfg, 1, 1, 1);
     case OP_RECURRENT_FWD: return gdn_bytes_recurrent_fwd(&c->cfg, 1, 1);
     case OP_GATE_FWD: return gdn_bytes_gate_fwd(c->sz.rows, c->cfg.HV, c->cfg.gate_dtype);
-    default: return gdn_bytes_l2norm_fwd(c->sz.rows * c->cfg.H, c->cfg.K, c->cfg.dtype, 1);
+    case OP_L2NORM_FWD: return gdn_bytes_l2norm_fwd(c->sz.rows * c->cfg.H, c->cfg.K, c->cfg.dtype, 1);
+    case OP_DECODE: return gdn_bytes_decode_step(&c->dec, 1, 1, 1);
+    case OP_DECODE_CONV: {
+        gdn_decode_config dc = c->dec;
+        dc.conv_W = CONV_W;
+        return gdn_bytes_decode_step(&dc, 1, 1, 1);
+    }
+    case OP_CONV_FWD: return gdn_bytes_conv1d_fwd(&c->conv, 1, 1, 1);
+    case OP_CONV_BWD: return gdn_bytes_conv1d_bwd(&c->conv, 1, 1, 1, 1, 1);
+    case OP_NORM_FWD: return gdn_bytes_rmsnorm_gated_fwd(&c->norm, 1);
+    default: return gdn_bytes_rmsnorm_gated_bwd(&c->norm, 1);
     }
 }
 
@@ -626,14 +823,292 @@ static double reduction_err(const float *dev, const double *ref, const double *t
 
 static double worse(double a, double b) { return (a > b || isnan(a)) ? a : b; }
 
+/* ---- the float64 reference of the GDN layer pieces ------------------------- */
+
+/* Plain double loops, written from the math in gdn.h, on the slice:
+ * the decode step on its first rows, conv1d and the norm on the slice's tokens. */
+typedef struct lrefs {
+    double *dec_o[2], *dec_st[2];   /* [0] decode_step, [1] decode_step+conv: o [Bs,HV,V], new state rows [Bs,HV*K*V] */
+    double *dec_cst;                /* decode_step+conv: new conv state rows [Bs,D*W] */
+    double *cv_y, *cv_ht, *cv_dx, *cv_dw, *cv_db, *cv_dh0;
+    double *nm_y, *nm_rstd, *nm_dx, *nm_dz, *nm_dw;
+} lrefs;
+
+static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double softplus_d(double x) { return x > 20 ? x : log1p(exp(x)); }
+
+/* rows 0..c->B-1 of the decode step (conv update first when c->conv_W > 0);
+ * st, cst: the rows' states after the step, in the pool's layout */
+static void lref_decode(const gdn_decode_config *c, const layer_in *h, double *o, double *st, double *cst) {
+    const int H = c->H, HV = c->HV, K = c->K, V = c->V, G = HV / H, D = gdn_decode_dim(c), W = c->conv_W;
+    const int vf = (c->flags & GDN_STATE_V_FIRST) != 0;
+    const double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)K);
+    const double bmul = (c->flags & GDN_BETA_NEGATIVE) ? 2.0 : 1.0;
+    const size_t kv = (size_t)K * V;
+    double *x = dalloc((size_t)D), *q = dalloc((size_t)K), *k = dalloc((size_t)K), *u = dalloc((size_t)V);
+    for (int b = 0; b < c->B; b++) {
+        const int64_t sl = h->slots[b];
+        double *S = st + (size_t)b * HV * kv;
+        for (size_t i = 0; i < HV * kv; i++) S[i] = h->pool[(size_t)sl * HV * kv + i];
+        for (int d = 0; d < D; d++) x[d] = get(c->dtype, h->mqkv, (size_t)b * D + d);
+        if (W > 0) {   /* conv update: shift in the new input, y = silu(bias + weight . state) */
+            double *cs = cst + (size_t)b * D * W;
+            for (int i = 0; i < D * W; i++) cs[i] = h->cpool[(size_t)sl * D * W + i];
+            for (int d = 0; d < D; d++) {
+                double *sd = cs + (size_t)d * W, acc = h->cb[d];
+                for (int w = 0; w + 1 < W; w++) sd[w] = sd[w + 1];
+                sd[W - 1] = x[d];
+                for (int w = 0; w < W; w++) acc += (double)h->cw[(size_t)d * W + w] * sd[w];
+                x[d] = acc * sigmoid_d(acc);
+            }
+        }
+        for (int j = 0; j < HV; j++) {
+            const int hh = j / G;
+            double qq = 0, kk = 0;
+            for (int i = 0; i < K; i++) {
+                q[i] = x[hh * K + i];
+                k[i] = x[H * K + hh * K + i];
+                qq += q[i] * q[i];
+                kk += k[i] * k[i];
+            }
+            if (c->flags & GDN_QK_L2NORM) {
+                const double rq = 1.0 / sqrt(qq + 1e-6), rk = 1.0 / sqrt(kk + 1e-6);
+                for (int i = 0; i < K; i++) { q[i] *= rq; k[i] *= rk; }
+            }
+            const double *v = x + 2 * H * K + j * V;
+            const double ga = get(c->dtype, h->da, (size_t)b * HV + j), gb = get(c->dtype, h->db, (size_t)b * HV + j);
+            const double g = -exp((double)h->A_log[j]) * softplus_d(ga + (double)h->dt_bias[j]);
+            const double beta = bmul * sigmoid_d(gb), decay = exp(g);
+            double *Sj = S + (size_t)j * kv;
+#define AT(i, e) Sj[vf ? (size_t)(e) * K + (i) : (size_t)(i) * V + (e)]
+            for (size_t i = 0; i < kv; i++) Sj[i] *= decay;
+            for (int e = 0; e < V; e++) {
+                double dot = 0;
+                for (int i = 0; i < K; i++) dot += AT(i, e) * k[i];
+                u[e] = beta * (v[e] - dot);
+            }
+            for (int i = 0; i < K; i++)
+                for (int e = 0; e < V; e++) AT(i, e) += k[i] * u[e];
+            for (int e = 0; e < V; e++) {
+                double dot = 0;
+                for (int i = 0; i < K; i++) dot += AT(i, e) * q[i];
+                o[((size_t)b * HV + j) * V + e] = scale * dot;
+            }
+#undef AT
+        }
+    }
+    free(x); free(q); free(k); free(u);
+}
+
+/* conv1d forward and backward over the slice (every sequence of c):
+ * xx[tau + W] is the input at token tau of the sequence, tau in -W..len-1,
+ * tau < 0 from h0 (newest last); y[t] = silu(bias + sum_w weight[w] xx[t+1+w]),
+ * ht[w] = xx[len + w]; backward through the same indices. */
+static void lref_conv(const gdn_conv1d_config *c, const layer_in *h, lrefs *r) {
+    const int D = c->D, W = c->W;
+    const int64_t N = (int64_t)gdn_conv1d_seqs(c), T = c->T;
+    const size_t nx = (size_t)(c->B * T) * D, nst = (size_t)N * D * W;
+    r->cv_y = dalloc(nx); r->cv_dx = dalloc(nx); r->cv_ht = dalloc(nst); r->cv_dh0 = dalloc(nst);
+    r->cv_dw = dalloc((size_t)D * W); r->cv_db = dalloc((size_t)D);
+    for (int i = 0; i < D * W; i++) r->cv_dw[i] = 0;
+    for (int d = 0; d < D; d++) r->cv_db[d] = 0;
+    int64_t maxlen = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t len = c->cu_seqlens ? c->cu_seqlens[n + 1] - c->cu_seqlens[n] : T;
+        if (len > maxlen) maxlen = len;
+    }
+    double *xx = dalloc((size_t)(maxlen + W)), *dxx = dalloc((size_t)(maxlen + W)), *pre = dalloc((size_t)maxlen + 1);
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t t0 = c->cu_seqlens ? c->cu_seqlens[n] : n * T;
+        const int64_t len = c->cu_seqlens ? c->cu_seqlens[n + 1] - t0 : T;
+        for (int d = 0; d < D; d++) {
+            const size_t so = ((size_t)n * D + d) * W;
+            const float *wd = h->cw + (size_t)d * W;
+            for (int w = 0; w < W; w++) xx[w] = h->h0[so + w];
+            for (int64_t t = 0; t < len; t++) xx[W + t] = get(c->dtype, h->x, (size_t)(t0 + t) * D + d);
+            for (int64_t t = 0; t < len; t++) {
+                double acc = h->cb[d];
+                for (int w = 0; w < W; w++) acc += (double)wd[w] * xx[t + 1 + w];
+                pre[t] = acc;
+                r->cv_y[(size_t)(t0 + t) * D + d] = acc * sigmoid_d(acc);
+            }
+            for (int w = 0; w < W; w++) r->cv_ht[so + w] = xx[len + w];
+            /* backward */
+            for (int64_t i = 0; i < len + W; i++) dxx[i] = 0;
+            for (int w = 0; w < W; w++) dxx[len + w] += h->dht[so + w];
+            for (int64_t t = 0; t < len; t++) {
+                const double sg = sigmoid_d(pre[t]);
+                const double dp = get(c->dtype, h->dy, (size_t)(t0 + t) * D + d) * sg * (1.0 + pre[t] * (1.0 - sg));
+                for (int w = 0; w < W; w++) {
+                    dxx[t + 1 + w] += (double)wd[w] * dp;
+                    r->cv_dw[(size_t)d * W + w] += dp * xx[t + 1 + w];
+                }
+                r->cv_db[d] += dp;
+            }
+            for (int64_t t = 0; t < len; t++) r->cv_dx[(size_t)(t0 + t) * D + d] = dxx[W + t];
+            for (int w = 0; w < W; w++) r->cv_dh0[so + w] = dxx[w];
+        }
+    }
+    free(xx); free(dxx); free(pre);
+}
+
+/* gated RMSNorm over the slice's rows: r = 1/sqrt(mean(x^2) + eps), n = x r,
+ * y = n w gate(z); backward dx = r (dn - n mean(dn n)), dn = dy w gate(z),
+ * dz = dy n w gate'(z), dw = sum over rows of dy n gate(z) */
+static void lref_norm(const gdn_rmsnorm_config *c, const layer_in *h, lrefs *r) {
+    const int V = c->V;
+    const size_t n = (size_t)c->rows * V;
+    r->nm_y = dalloc(n); r->nm_dx = dalloc(n); r->nm_dz = dalloc(n);
+    r->nm_rstd = dalloc((size_t)c->rows); r->nm_dw = dalloc((size_t)V);
+    double *nn = dalloc((size_t)V), *dn = dalloc((size_t)V);
+    for (int e = 0; e < V; e++) r->nm_dw[e] = 0;
+    for (int64_t row = 0; row < c->rows; row++) {
+        const size_t o = (size_t)row * V;
+        double ss = 0;
+        for (int e = 0; e < V; e++) { const double x = get(c->dtype, h->nx, o + e); ss += x * x; }
+        const double rs = 1.0 / sqrt(ss / V + (double)c->eps);
+        r->nm_rstd[row] = rs;
+        double m = 0;
+        for (int e = 0; e < V; e++) {
+            const double x = get(c->dtype, h->nx, o + e), z = get(c->dtype, h->nz, o + e);
+            const double dy = get(c->dtype, h->ndy, o + e), w = h->nw[e], sg = sigmoid_d(z);
+            const double gt = c->gate == GDN_NORM_GATE_SILU ? z * sg : sg;
+            const double dgt = c->gate == GDN_NORM_GATE_SILU ? sg * (1.0 + z * (1.0 - sg)) : sg * (1.0 - sg);
+            nn[e] = x * rs;
+            r->nm_y[o + e] = nn[e] * w * gt;
+            dn[e] = dy * w * gt;
+            r->nm_dz[o + e] = dy * nn[e] * w * dgt;
+            r->nm_dw[e] += dy * nn[e] * gt;
+            m += dn[e] * nn[e];
+        }
+        m /= V;
+        for (int e = 0; e < V; e++) r->nm_dx[o + e] = rs * (dn[e] - nn[e] * m);
+    }
+    free(nn); free(dn);
+}
+
+static void lrefs_compute(const call *cs, const layer_in *h, unsigned ops, lrefs *r) {
+    memset(r, 0, sizeof *r);
+    for (int cv = 0; cv < 2; cv++) {
+        if (!(ops & (1u << (cv ? OP_DECODE_CONV : OP_DECODE)))) continue;
+        gdn_decode_config dc = cs->dec;
+        dc.conv_W = cv ? CONV_W : 0;
+        const size_t D = (size_t)gdn_decode_dim(&dc);
+        r->dec_o[cv] = dalloc((size_t)dc.B * dc.HV * dc.V);
+        r->dec_st[cv] = dalloc((size_t)dc.B * dc.HV * dc.K * dc.V);
+        if (cv) r->dec_cst = dalloc((size_t)dc.B * D * CONV_W);
+        lref_decode(&dc, h, r->dec_o[cv], r->dec_st[cv], cv ? r->dec_cst : NULL);
+    }
+    if (ops & ((1u << OP_CONV_FWD) | (1u << OP_CONV_BWD))) lref_conv(&cs->conv, h, r);
+    if (ops & ((1u << OP_NORM_FWD) | (1u << OP_NORM_BWD))) lref_norm(&cs->norm, h, r);
+}
+
+static void lrefs_free(lrefs *r) {
+    double *p[] = {r->dec_o[0], r->dec_o[1], r->dec_st[0], r->dec_st[1], r->dec_cst, r->cv_y, r->cv_ht, r->cv_dx,
+                   r->cv_dw, r->cv_db, r->cv_dh0, r->nm_y, r->nm_rstd, r->nm_dx, r->nm_dz, r->nm_dw};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+}
+
+/* a state pool after a decode step of B rows: the rows slots[0..B) against
+ * ref (the rows in slot order), relative; every other pool row must be byte
+ * for byte the initial one (else infinity, *moved set) */
+static double pool_err(const float *dev, const float *init, const int32_t *slots, int B, int64_t nslots,
+                       size_t row, const double *ref, int *moved) {
+    const size_t n = (size_t)nslots * row;
+    float *h = xmalloc(sizeof(float) * n);
+    char *used = xmalloc((size_t)nslots);
+    be->download(h, dev, sizeof(float) * n);
+    memset(used, 0, (size_t)nslots);
+    double num = 0, den = 0;
+    int bad_value = 0;
+    *moved = 0;
+    for (int b = 0; b < B; b++) {
+        const int32_t sl = slots[b];
+        if (sl < 0) continue;
+        used[sl] = 1;
+        for (size_t i = 0; i < row; i++) {
+            const double x = h[(size_t)sl * row + i], rf = ref[(size_t)b * row + i];
+            if (!isfinite(x)) bad_value = 1;
+            num += (x - rf) * (x - rf);
+            den += rf * rf;
+        }
+    }
+    for (int64_t sl = 0; sl < nslots; sl++)
+        if (!used[sl] && memcmp(h + (size_t)sl * row, init + (size_t)sl * row, sizeof(float) * row)) *moved = 1;
+    free(h); free(used);
+    if (bad_value || *moved) return INFINITY;
+    return den < 1e-18 ? sqrt(num) : sqrt(num / den);
+}
+
+/* keep the larger error and its name */
+static void pick(double x, const char *name, double *e, const char **what) {
+    if (worse(x, *e) == x && x != *e) { *e = x; *what = name; }
+}
+
+static double check_layer(int op, call *c, const lrefs *r, const char **what) {
+    const gdn_dtype dt = c->cfg.dtype;
+    double e = -1;
+    switch (op) {
+    case OP_DECODE:
+    case OP_DECODE_CONV: {
+        const int cv = op == OP_DECODE_CONV;
+        const gdn_decode_config *dc = &c->dec;
+        const size_t D = (size_t)gdn_decode_dim(dc), row = (size_t)dc->HV * dc->K * dc->V;
+        int moved = 0;
+        pick(rel_err(dt, cv ? c->out.dec2_o : c->out.dec_o, r->dec_o[cv], (size_t)dc->B * dc->HV * dc->V), "o", &e,
+             what);
+        double x = pool_err(c->lin->pool, lay_host->pool, lay_host->slots, dc->B, dc->num_slots, row, r->dec_st[cv],
+                            &moved);
+        pick(x, moved ? "state: a pool row not in slots changed" : "state", &e, what);
+        if (cv) {
+            x = pool_err(c->lin->cpool, lay_host->cpool, lay_host->slots, dc->B, dc->num_slots, D * CONV_W, r->dec_cst,
+                         &moved);
+            pick(x, moved ? "conv_state: a pool row not in slots changed" : "conv_state", &e, what);
+        }
+        return e;
+    }
+    case OP_CONV_FWD: {
+        const size_t nx = (size_t)(c->conv.B * c->conv.T) * c->conv.D,
+                     nst = (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W;
+        pick(rel_err(dt, c->out.cv_y, r->cv_y, nx), "y", &e, what);
+        pick(rel_err(GDN_F32, c->out.cv_ht, r->cv_ht, nst), "ht", &e, what);
+        return e;
+    }
+    case OP_CONV_BWD: {
+        const size_t nx = (size_t)(c->conv.B * c->conv.T) * c->conv.D,
+                     nst = (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W;
+        pick(rel_err(dt, c->out.cv_dx, r->cv_dx, nx), "dx", &e, what);
+        pick(rel_err(GDN_F32, c->out.cv_dw, r->cv_dw, (size_t)c->conv.D * c->conv.W), "dweight", &e, what);
+        pick(rel_err(GDN_F32, c->out.cv_db, r->cv_db, (size_t)c->conv.D), "dbias", &e, what);
+        pick(rel_err(GDN_F32, c->out.cv_dh0, r->cv_dh0, nst), "dh0", &e, what);
+        return e;
+    }
+    case OP_NORM_FWD: {
+        const size_t n = (size_t)c->norm.rows * c->norm.V;
+        pick(rel_err(dt, c->out.nm_y, r->nm_y, n), "y", &e, what);
+        pick(rel_err(GDN_F32, c->out.nm_rstd, r->nm_rstd, (size_t)c->norm.rows), "rstd", &e, what);
+        return e;
+    }
+    default: {
+        const size_t n = (size_t)c->norm.rows * c->norm.V;
+        pick(rel_err(dt, c->out.nm_dx, r->nm_dx, n), "dx", &e, what);
+        pick(rel_err(dt, c->out.nm_dz, r->nm_dz, n), "dz", &e, what);
+        pick(rel_err(GDN_F32, c->out.nm_dw, r->nm_dw, (size_t)c->norm.V), "dw", &e, what);
+        return e;
+    }
+    }
+}
+
 /* run op once on the slice and return its error against the reference
  * (-1 when the call failed; status in *st) */
-static double check_op(int op, call *c, const refs *r, gdn_status *st, const char **what) {
+static double check_op(int op, call *c, const refs *r, const lrefs *lr, gdn_status *st, const char **what) {
     const gdn_config *g = &c->cfg;
     const sizes *s = &c->sz;
-    *st = run_op(op, c);
     *what = "";
+    *st = prepare_op(op, c);
+    if (*st == GDN_OK) *st = run_op(op, c);
     if (*st != GDN_OK) return -1;
+    if (op_is_layer(op)) return check_layer(op, c, lr, what);
     double e = 0, x;
     switch (op) {
     case OP_CHUNK_FWD:
@@ -658,7 +1133,7 @@ static double check_op(int op, call *c, const refs *r, gdn_status *st, const cha
         return e;
     }
     case OP_GATE_FWD: *what = "g"; return rel_err(GDN_F32, c->out.gate_g, r->gate_g, s->ng);
-    default: *what = "y"; return rel_err(g->dtype, c->out.l2_y, r->l2_y, s->nqk);
+    default: *what = "y"; return rel_err(g->dtype, c->out.l2_y, r->l2_y, s->nqk);   /* OP_L2NORM_FWD */
     }
 }
 
@@ -716,6 +1191,75 @@ static void inputs_free(inputs *x, void (*release)(void *)) {
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) release(p[i]);
 }
 
+/* the GDN layer pieces' inputs, for the full call: like the tests', raw
+ * gates and projections N(0,1), decode states 0.3 N(0,1), conv weights
+ * 0.5 N(0,1) and biases 0.1 N(0,1), norm weights 1 + 0.1 N(0,1) */
+static void layer_inputs_random(const call *c, layer_in *h) {
+    const gdn_dtype dt = c->cfg.dtype;
+    const gdn_decode_config *dc = &c->dec;
+    const size_t dB = (size_t)dc->B, D = (size_t)gdn_decode_dim(dc), HV = (size_t)dc->HV,
+                 npool = (size_t)dc->num_slots * HV * dc->K * dc->V, ncpool = (size_t)dc->num_slots * D * CONV_W,
+                 nx = (size_t)(c->conv.B * c->conv.T) * D, nst = (size_t)gdn_conv1d_seqs(&c->conv) * D * CONV_W,
+                 nn = (size_t)c->norm.rows * c->norm.V, V = (size_t)c->norm.V;
+    memset(h, 0, sizeof *h);
+    h->mqkv = xmalloc(dB * D * gdn_dtype_size(dt));
+    h->da = xmalloc(dB * HV * gdn_dtype_size(dt)); h->db = xmalloc(dB * HV * gdn_dtype_size(dt));
+    h->A_log = xmalloc(sizeof(float) * HV); h->dt_bias = xmalloc(sizeof(float) * HV);
+    h->pool = xmalloc(sizeof(float) * npool); h->cpool = xmalloc(sizeof(float) * ncpool);
+    h->slots = xmalloc(sizeof(int32_t) * dB);
+    h->x = xmalloc(nx * gdn_dtype_size(dt)); h->dy = xmalloc(nx * gdn_dtype_size(dt));
+    h->cw = xmalloc(sizeof(float) * D * CONV_W); h->cb = xmalloc(sizeof(float) * D);
+    h->h0 = xmalloc(sizeof(float) * nst); h->dht = xmalloc(sizeof(float) * nst);
+    h->nx = xmalloc(nn * gdn_dtype_size(dt)); h->nz = xmalloc(nn * gdn_dtype_size(dt));
+    h->ndy = xmalloc(nn * gdn_dtype_size(dt)); h->nw = xmalloc(sizeof(float) * V);
+    for (size_t i = 0; i < dB * D; i++) store(dt, h->mqkv, i, (float)rng_normal());
+    for (size_t i = 0; i < dB * HV; i++) store(dt, h->da, i, (float)rng_normal());
+    for (size_t i = 0; i < dB * HV; i++) store(dt, h->db, i, (float)rng_normal());
+    for (size_t j = 0; j < HV; j++) {
+        h->A_log[j] = (float)log(1.0 + 15.0 * rng_uniform());
+        h->dt_bias[j] = (float)(0.5 * rng_normal());
+    }
+    for (size_t i = 0; i < npool; i++) h->pool[i] = (float)(0.3 * rng_normal());
+    for (size_t i = 0; i < ncpool; i++) h->cpool[i] = (float)rng_normal();
+    /* a pool of 2*dB slots: row b in slot 2*dB-1-2b (reversed, every other slot unused) */
+    for (size_t b = 0; b < dB; b++) h->slots[b] = (int32_t)(dc->num_slots - 1 - 2 * (int64_t)b);
+    for (size_t i = 0; i < nx; i++) store(dt, h->x, i, (float)rng_normal());
+    for (size_t i = 0; i < nx; i++) store(dt, h->dy, i, (float)rng_normal());
+    for (size_t i = 0; i < D * CONV_W; i++) h->cw[i] = (float)(0.5 * rng_normal());
+    for (size_t i = 0; i < D; i++) h->cb[i] = (float)(0.1 * rng_normal());
+    for (size_t i = 0; i < nst; i++) h->h0[i] = (float)rng_normal();
+    for (size_t i = 0; i < nst; i++) h->dht[i] = (float)rng_normal();
+    for (size_t i = 0; i < nn; i++) store(dt, h->nx, i, (float)rng_normal());
+    for (size_t i = 0; i < nn; i++) store(dt, h->nz, i, (float)rng_normal());
+    for (size_t i = 0; i < nn; i++) store(dt, h->ndy, i, (float)rng_normal());
+    for (size_t i = 0; i < V; i++) h->nw[i] = (float)(1.0 + 0.1 * rng_normal());
+}
+
+static void layer_inputs_upload(const call *c, const layer_in *h, layer_in *d) {
+    const size_t ds = gdn_dtype_size(c->cfg.dtype);
+    const gdn_decode_config *dc = &c->dec;
+    const size_t dB = (size_t)dc->B, D = (size_t)gdn_decode_dim(dc), HV = (size_t)dc->HV,
+                 npool = (size_t)dc->num_slots * HV * dc->K * dc->V, ncpool = (size_t)dc->num_slots * D * CONV_W,
+                 nx = (size_t)(c->conv.B * c->conv.T) * D, nst = (size_t)gdn_conv1d_seqs(&c->conv) * D * CONV_W,
+                 nn = (size_t)c->norm.rows * c->norm.V, V = (size_t)c->norm.V;
+    d->mqkv = dev_copy(h->mqkv, dB * D * ds);
+    d->da = dev_copy(h->da, dB * HV * ds); d->db = dev_copy(h->db, dB * HV * ds);
+    d->A_log = dev_copy(h->A_log, sizeof(float) * HV); d->dt_bias = dev_copy(h->dt_bias, sizeof(float) * HV);
+    d->pool = dev_copy(h->pool, sizeof(float) * npool); d->cpool = dev_copy(h->cpool, sizeof(float) * ncpool);
+    d->slots = dev_copy(h->slots, sizeof(int32_t) * dB);
+    d->x = dev_copy(h->x, nx * ds); d->dy = dev_copy(h->dy, nx * ds);
+    d->cw = dev_copy(h->cw, sizeof(float) * D * CONV_W); d->cb = dev_copy(h->cb, sizeof(float) * D);
+    d->h0 = dev_copy(h->h0, sizeof(float) * nst); d->dht = dev_copy(h->dht, sizeof(float) * nst);
+    d->nx = dev_copy(h->nx, nn * ds); d->nz = dev_copy(h->nz, nn * ds); d->ndy = dev_copy(h->ndy, nn * ds);
+    d->nw = dev_copy(h->nw, sizeof(float) * V);
+}
+
+static void layer_inputs_free(layer_in *x, void (*release)(void *)) {
+    void *p[] = {x->mqkv, x->da, x->db, x->A_log, x->dt_bias, x->pool, x->cpool, x->slots, x->x, x->dy,
+                 x->cw, x->cb, x->h0, x->dht, x->nx, x->nz, x->ndy, x->nw};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) release(p[i]);
+}
+
 /* N ragged lengths summing to T: weights uniform in [0.2, 1.8] */
 static void ragged(int64_t T, int n, int64_t *cu) {
     double *w = dalloc((size_t)n), sum = 0;
@@ -766,8 +1310,8 @@ static void json_num(double x) {
     else printf("null");
 }
 
-static void print_json(const opts *o, const gdn_config *full, const gdn_config *slice, int threads,
-                       const result *res, int nres, int all_ok) {
+static void print_json(const opts *o, const gdn_config *full, const gdn_config *slice, const call *lf,
+                       const call *ls, int threads, const result *res, int nres, int all_ok) {
     char fl[128];
     flags_str(full->flags, fl, sizeof fl);
     printf("{\n  \"version\": \"%d.%d\",\n  \"backend\": \"%s\",\n  \"threads\": %d,\n", GDN_VERSION_MAJOR,
@@ -778,16 +1322,23 @@ static void print_json(const opts *o, const gdn_config *full, const gdn_config *
            (long long)full->B, (long long)full->T, full->H, full->HV, full->K, full->V, o->varlen,
            gdn_dtype_name(full->dtype), gdn_dtype_name(full->gate_dtype), fl, o->seq_split,
            (unsigned long long)o->seed);
+    printf("  \"layer\": {\"decode_B\": %d, \"decode_slots\": %lld, \"decode_flags\": \"%s\", \"conv_D\": %d, "
+           "\"conv_W\": %d, \"conv_act\": \"silu\", \"conv_bias\": true, \"conv_h0\": true, \"conv_ht\": true, "
+           "\"norm_rows\": %lld, \"norm_V\": %d, \"norm_gate\": \"silu\", \"norm_eps\": %g},\n",
+           lf->dec.B, (long long)lf->dec.num_slots,
+           (lf->dec.flags & GDN_QK_L2NORM) ? ((lf->dec.flags & GDN_STATE_V_FIRST) ? "l2norm v_first" : "l2norm")
+                                           : ((lf->dec.flags & GDN_STATE_V_FIRST) ? "v_first" : "none"),
+           lf->conv.D, lf->conv.W, (long long)lf->norm.rows, lf->norm.V, (double)lf->norm.eps);
     printf("  \"timing\": {\"reps\": %d, \"warmup\": %d, \"statistic\": \"median\"},\n", o->reps, o->warmup);
     printf("  \"check\": {\"reference\": \"float64\", \"slice_B\": 1, \"slice_T\": %lld, \"metric\": "
-           "\"||out-ref||/||ref||\"},\n", (long long)slice->T);
+           "\"||out-ref||/||ref||\", \"decode_rows\": %d},\n", (long long)slice->T, ls->dec.B);
     printf("  \"results\": [\n");
     for (int i = 0; i < nres; i++) {
         const result *r = &res[i];
         printf("    {\"op\": \"%s\", \"backend\": \"%s\", \"shape\": ", op_name[r->op], be->name);
         json_str(r->shape);
         printf(", \"time_ms\": "); json_num(r->status == GDN_OK ? r->ms : NAN);
-        printf(", \"gflops\": "); json_num(r->status == GDN_OK ? r->gflops : NAN);
+        printf(", \"gflops\": "); json_num(r->status == GDN_OK && op_has_flops(r->op) ? r->gflops : NAN);
         printf(", \"gbytes_per_s\": "); json_num(r->status == GDN_OK ? r->gbps : NAN);
         printf(", \"rel_err\": "); json_num(r->status == GDN_OK ? r->err : NAN);
         printf(", \"worst\": "); json_str(r->worst);
@@ -799,29 +1350,38 @@ static void print_json(const opts *o, const gdn_config *full, const gdn_config *
     printf("  ],\n  \"ok\": %s\n}\n", all_ok ? "true" : "false");
 }
 
-static void print_table(const opts *o, const gdn_config *full, const gdn_config *slice, int threads,
-                        const result *res, int nres, int all_ok) {
+static void print_table(const opts *o, const gdn_config *full, const gdn_config *slice, const call *lf,
+                        const call *ls, int threads, const result *res, int nres, int all_ok) {
     char fl[128];
     flags_str(full->flags, fl, sizeof fl);
     printf("gdn %d.%d  backend %s, %d threads  dtype %s (gates %s)  flags %s  h0, ht", GDN_VERSION_MAJOR,
            GDN_VERSION_MINOR, be->name, threads, gdn_dtype_name(full->dtype), gdn_dtype_name(full->gate_dtype), fl);
     if (o->varlen) printf("  varlen %d sequences", o->varlen);
-    printf("\ntime: median of %d after %d warm-up; rel.err: ||out-ref||/||ref|| vs float64 on a T=%lld slice\n\n",
+    printf("\ntime: median of %d after %d warm-up; rel.err: ||out-ref||/||ref|| vs float64 on a T=%lld slice",
            o->reps, o->warmup, (long long)slice->T);
-    printf("%-14s %-7s %-28s %10s %9s %9s %7s %s\n", "op", "backend", "shape", "time ms", "GFLOP/s", "rel.err",
-           "bound", "ok");
+    if (o->ops & (1u << OP_DECODE | 1u << OP_DECODE_CONV))
+        printf(" (decode: first %d rows)", ls->dec.B);
+    printf("\nGB/s: every input read once, every output written once (tools/flops.h)\n");
+    if (o->ops & ~((1u << OP_DECODE) - 1))
+        printf("layer: decode %d rows, pool of %lld slots, fp32 state; conv1d D=%d W=%d bias SiLU h0/ht; "
+               "rmsnorm SiLU gate eps %g\n", lf->dec.B, (long long)lf->dec.num_slots, lf->conv.D, lf->conv.W,
+               (double)lf->norm.eps);
+    printf("\n%-17s %-7s %-28s %10s %9s %8s %9s %7s %s\n", "op", "backend", "shape", "time ms", "GFLOP/s", "GB/s",
+           "rel.err", "bound", "ok");
     for (int i = 0; i < nres; i++) {
         const result *r = &res[i];
         if (r->status != GDN_OK) {
-            printf("%-14s %-7s %-28s %10s %9s %9s %7.0e %-4s %s: %s\n", op_name[r->op], be->name, r->shape, "-", "-",
-                   "-", r->bound, "FAIL", gdn_status_string(r->status), r->message);
+            printf("%-17s %-7s %-28s %10s %9s %8s %9s %7.0e %-4s %s: %s\n", op_name[r->op], be->name, r->shape, "-",
+                   "-", "-", "-", r->bound, "FAIL", gdn_status_string(r->status), r->message);
             continue;
         }
-        char err[32];
+        char err[32], gf[32];
         if (isfinite(r->err)) snprintf(err, sizeof err, "%9.2e", r->err);
         else snprintf(err, sizeof err, "%9s", "non-finite");
-        printf("%-14s %-7s %-28s %10.3f %9.2f %s %7.0e %s", op_name[r->op], be->name, r->shape, r->ms, r->gflops,
-               err, r->bound, r->ok ? "ok" : "FAIL");
+        if (op_has_flops(r->op)) snprintf(gf, sizeof gf, "%9.2f", r->gflops);
+        else snprintf(gf, sizeof gf, "%9s", "-");
+        printf("%-17s %-7s %-28s %10.3f %s %8.2f %s %7.0e %s", op_name[r->op], be->name, r->shape, r->ms, gf,
+               r->gbps, err, r->bound, r->ok ? "ok" : "FAIL");
         if (!r->ok) printf(" (%s)", r->worst);
         printf("\n");
     }
@@ -894,14 +1454,53 @@ int main(int argc, char **argv) {
         c->cu_seqlens_dev = cu_dev; cs->cu_seqlens_dev = cu_slice_dev;
     }
 
+    /* the GDN layer pieces: the decode step on its own rows (a pool of twice
+     * as many slots); conv1d over the channels of mixed_qkv for the same
+     * tokens and sequences; the norm over every token's value heads. The slice
+     * is the same as above (decode: its first rows). */
+    const unsigned core_ops = (1u << OP_DECODE) - 1, layer_ops = o.ops & ~core_ops;
+    gdn_decode_config *dc = &full.dec;
+    dc->B = o.decode_B; dc->H = o.H; dc->HV = o.HV; dc->K = o.K; dc->V = o.V; dc->dtype = o.dtype;
+    dc->flags = o.flags & (GDN_QK_L2NORM | GDN_STATE_V_FIRST);
+    dc->num_slots = 2 * (int64_t)o.decode_B;
+    dc->conv_W = 0;
+    gdn_conv1d_config *cc = &full.conv;
+    cc->B = c->B; cc->T = c->T; cc->D = gdn_decode_dim(dc); cc->W = CONV_W;
+    cc->cu_seqlens = c->cu_seqlens; cc->num_seqs = c->num_seqs; cc->dtype = o.dtype; cc->silu = 1;
+    gdn_rmsnorm_config *nc = &full.norm;
+    nc->rows = c->B * c->T * c->HV; nc->V = o.V; nc->dtype = o.dtype; nc->eps = NORM_EPS; nc->gate = GDN_NORM_GATE_SILU;
+    slice.dec = full.dec;
+    slice.dec.B = o.decode_B < DECODE_CHECK_ROWS ? o.decode_B : DECODE_CHECK_ROWS;
+    slice.conv = full.conv;
+    slice.conv.B = cs->B; slice.conv.T = cs->T; slice.conv.cu_seqlens = cs->cu_seqlens;
+    slice.norm = full.norm;
+    slice.norm.rows = cs->B * cs->T * cs->HV;
+
     inputs host, dev;
-    inputs_random(c, &host);
-    inputs_upload(c, &host, &dev);
-    full.in = &dev; slice.in = &dev;
+    memset(&host, 0, sizeof host); memset(&dev, 0, sizeof dev);
     refs r;
-    refs_compute(cs, &host, &r);   /* the slice reads a prefix of each host tensor */
-    outputs_alloc(&slice);
-    outputs_alloc(&full);
+    memset(&r, 0, sizeof r);
+    if (o.ops & core_ops) {
+        inputs_random(c, &host);
+        inputs_upload(c, &host, &dev);
+        refs_compute(cs, &host, &r);   /* the slice reads a prefix of each host tensor */
+        outputs_alloc(&slice);
+        outputs_alloc(&full);
+    }
+    full.in = &dev; slice.in = &dev;
+    layer_in lhost, ldev;
+    memset(&lhost, 0, sizeof lhost); memset(&ldev, 0, sizeof ldev);
+    lrefs lr;
+    memset(&lr, 0, sizeof lr);
+    lay_host = &lhost;
+    if (layer_ops) {
+        layer_inputs_random(&full, &lhost);
+        layer_inputs_upload(&full, &lhost, &ldev);
+        lrefs_compute(&slice, &lhost, layer_ops, &lr);   /* the slice reads a prefix of each host tensor */
+        layer_outputs_alloc(&slice);
+        layer_outputs_alloc(&full);
+    }
+    full.lin = &ldev; slice.lin = &ldev;
 
     int threads = o.threads;   /* 0: what the library resolves it to, OpenMP's default */
 #ifdef _OPENMP
@@ -909,19 +1508,30 @@ int main(int argc, char **argv) {
 #endif
 
     result res[N_OPS];
-    int all_ok = 1;
+    int all_ok = 1, nres = 0;
     for (int op = 0; op < N_OPS; op++) {
-        result *x = &res[op];
+        if (!(o.ops & (1u << op))) continue;
+        result *x = &res[nres++];
         memset(x, 0, sizeof *x);
         x->op = op;
         x->worst = "";
-        const int grads = op == OP_CHUNK_FWDBWD;
+        const int grads = op_has_grads(op);
         const gdn_dtype et = op == OP_GATE_FWD ? c->gate_dtype : c->dtype;
         x->bound = et == GDN_F32 ? (grads ? 1e-4 : 1e-5) : (grads ? 1e-2 : 5e-3);
         if (op == OP_GATE_FWD)
             snprintf(x->shape, sizeof x->shape, "rows %lld x HV %d", (long long)full.sz.rows, c->HV);
         else if (op == OP_L2NORM_FWD)
             snprintf(x->shape, sizeof x->shape, "rows %lld x %d", (long long)full.sz.rows * c->H, c->K);
+        else if (op == OP_DECODE || op == OP_DECODE_CONV)
+            snprintf(x->shape, sizeof x->shape, "B%d H%d HV%d K%d V%d%s", dc->B, c->H, c->HV, c->K, c->V,
+                     op == OP_DECODE_CONV ? " W4" : "");
+        else if ((op == OP_CONV_FWD || op == OP_CONV_BWD) && o.varlen)
+            snprintf(x->shape, sizeof x->shape, "T%lld/%dseq D%d W%d", (long long)cc->T, o.varlen, cc->D, cc->W);
+        else if (op == OP_CONV_FWD || op == OP_CONV_BWD)
+            snprintf(x->shape, sizeof x->shape, "B%lld T%lld D%d W%d", (long long)cc->B, (long long)cc->T, cc->D,
+                     cc->W);
+        else if (op == OP_NORM_FWD || op == OP_NORM_BWD)
+            snprintf(x->shape, sizeof x->shape, "rows %lld x V%d", (long long)nc->rows, nc->V);
         else if (o.varlen)
             snprintf(x->shape, sizeof x->shape, "T%lld/%dseq H%d HV%d K%d V%d", (long long)c->T, o.varlen, c->H,
                      c->HV, c->K, c->V);
@@ -929,7 +1539,7 @@ int main(int argc, char **argv) {
             snprintf(x->shape, sizeof x->shape, "B%lld T%lld H%d HV%d K%d V%d", (long long)c->B, (long long)c->T,
                      c->H, c->HV, c->K, c->V);
 
-        x->err = check_op(op, &slice, &r, &x->status, &x->worst);
+        x->err = check_op(op, &slice, &r, &lr, &x->status, &x->worst);
         if (x->status == GDN_OK) x->status = time_op(op, &full, o.warmup, o.reps, &x->ms);
         if (x->status != GDN_OK) {
             snprintf(x->message, sizeof x->message, "%s", gdn_last_error());
@@ -943,14 +1553,17 @@ int main(int argc, char **argv) {
         all_ok &= x->ok;
     }
 
-    if (o.json) print_json(&o, c, cs, threads, res, N_OPS, all_ok);
-    else print_table(&o, c, cs, threads, res, N_OPS, all_ok);
+    if (o.json) print_json(&o, c, cs, &full, &slice, threads, res, nres, all_ok);
+    else print_table(&o, c, cs, &full, &slice, threads, res, nres, all_ok);
 
     outputs_free(&full.out);
     outputs_free(&slice.out);
     inputs_free(&dev, be->release);
     inputs_free(&host, free);
     refs_free(&r);
+    layer_inputs_free(&ldev, be->release);
+    layer_inputs_free(&lhost, free);
+    lrefs_free(&lr);
     if (cu_dev) be->release(cu_dev);
     if (cu_slice_dev) be->release(cu_slice_dev);
     free(cu); free(cu_slice);
