@@ -1,2 +1,416 @@
-/* placeholder */
-#include "internal.h"
+/* Causal depthwise conv1d on the CPU (DESIGN.md §4 item 4). For sequence n
+ * (rows bos..bos+L-1 of x [B*T, D]) and channel d, with the extended input
+ *     xx[s] = x[bos+s, d] (0 <= s < L),   h0[n, d, W+s] (-W <= s < 0; 0 without h0)
+ * forward:
+ *     z[t] = bias[d] + sum_{w<W} weight[d,w] xx[t-W+1+w],   y[t] = act(z[t])
+ *     ht[n, d, j] = xx[L-W+j]                         (last W inputs, newest last)
+ * backward, dz[t] = dy[t] act'(z[t]) (z recomputed):
+ *     dweight[d,w] = sum_t dz[t] xx[t-W+1+w],   dbias[d] = sum_t dz[t]
+ *     dxx[s] = sum_w dz[s+W-1-w] weight[d,w]  (0 <= s+W-1-w < L)  + dht[n,d,s-L+W] (s >= L-W)
+ *     dx[bos+s] = dxx[s] (s >= 0),   dh0[n,d,W+s] = dxx[s] (s < 0)
+ *
+ * Channels never mix, so all work is split into channel blocks of CB
+ * contiguous channels (vectorised over the block) and walked token by token
+ * through a small row buffer that carries the last W-1 inputs. The forward
+ * threads over chunks of the flattened tokens (TC rows or fewer; no
+ * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
+ * a time across all channel blocks, i.e. memory row by row. The backward
+ * keeps one channel block per thread for every token of every sequence, so
+ * dweight / dbias are summed in token order (fp32 over SB tokens, then fp64)
+ * and have the same bits whatever the thread count. W is a compile-time
+ * constant inside the kernels (one instance per W = 1..8). */
+#include <stdlib.h>
+#include <string.h>
+#include "cpu/conv1d.h"
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) for any x, written so loops over it vectorise (libm's expf does not
+ * without -ffast-math); ~2 ulp, saturating: 0 below -87, exp(88) above 88. */
+INLINE float cv_expf(float x) {
+    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float k = __builtin_rintf(xc * 1.44269504088896341f);
+    float r = __builtin_fmaf(k, -0.693145751953125f, xc);
+    r = __builtin_fmaf(k, -1.428606765330187e-06f, r);
+    float p = 1.3888889e-3f;
+    p = __builtin_fmaf(p, r, 8.3333333e-3f);
+    p = __builtin_fmaf(p, r, 4.1666667e-2f);
+    p = __builtin_fmaf(p, r, 1.6666667e-1f);
+    p = __builtin_fmaf(p, r, 0.5f);
+    p = __builtin_fmaf(p, r, 1.0f);
+    p = __builtin_fmaf(p, r, 1.0f);
+    union { uint32_t i; float f; } s = { (uint32_t)((int)k + 127) << 23 };
+    return x < -87.0f ? 0.0f : p * s.f;
+}
+
+/* ---- rows of one channel block, converted to / from f32 ---- */
+
+static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) {
+    switch (t) {
+    case GDN_F32: memcpy(dst, (const float *)src + off, sizeof(float) * (size_t)n); break;
+    case GDN_BF16: {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int i = 0; i < n; i++) { union { uint32_t u; float f; } v = { (uint32_t)s[i] << 16 }; dst[i] = v.f; }
+        break; }
+    case GDN_F16: {
+        const uint16_t *s = (const uint16_t *)src + off;
+        int i = 0;
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+        for (; i < n; i++) dst[i] = gdn_f16_to_f32(s[i]);
+        break; }
+    }
+}
+
+static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) {
+    switch (t) {
+    case GDN_F32: memcpy((float *)dst + off, src, sizeof(float) * (size_t)n); break;
+    case GDN_BF16: {   /* round to nearest even, NaN kept quiet (as gdn_f32_to_bf16) */
+        uint16_t *d = (uint16_t *)dst + off;
+        for (int i = 0; i < n; i++) {
+            union { float f; uint32_t u; } v = { src[i] };
+            const uint32_t u = v.u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r);
+        }
+        break; }
+    case GDN_F16: {
+        uint16_t *d = (uint16_t *)dst + off;
+        int i = 0;
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; i < n; i++) d[i] = gdn_f32_to_f16(src[i]);
+        break; }
+    }
+}
+
+/* prefetch the CB channels at element off of a dtype-t tensor */
+static inline void prefetch_row(gdn_dtype t, const void *p, int64_t off) {
+    const size_t es = t == GDN_F32 ? 4 : 2;
+    const char *b = (const char *)p + (size_t)off * es;
+    for (size_t k = 0; k < CB * es; k += 64) __builtin_prefetch(b + k);
+}
+
+/* wt[w][c] = weight[d0+c, w], bv[c] = bias[d0+c]; zeros past nc */
+static void block_weights(const float *weight, const float *bias, int W, int d0, int nc, float wt[WMAX][CB],
+                          float bv[CB]) {
+    memset(wt, 0, sizeof(float) * WMAX * CB);
+    for (int c = 0; c < CB; c++) bv[c] = (bias && c < nc) ? bias[d0 + c] : 0.f;
+    for (int c = 0; c < nc; c++)
+        for (int w = 0; w < W; w++) wt[w][c] = weight[(int64_t)(d0 + c) * W + w];
+}
+
+/* xx[s] (s < 0) of channels d0.. of sequence n, from h0 [N,D,W] or zeros */
+static void state_row(const float *h0, int64_t n, int D, int W, int d0, int nc, int64_t s, float *r) {
+    if (!h0) { memset(r, 0, sizeof(float) * (size_t)nc); return; }
+    const float *h = h0 + ((int64_t)n * D + d0) * W + W + s;
+    for (int c = 0; c < nc; c++) r[c] = h[(int64_t)c * W];
+}
+
+/* ---- the kernels, W fixed ---- */
+
+/* z rows i < nb: z[i] = bv + sum_w wt[w] * xb[i+w]; xb rows are CB apart */
+INLINE void conv_z(const int W, int nb, const float *xb, const float wt[WMAX][CB], const float *bv, float *z) {
+    for (int i = 0; i < nb; i++) {
+        const float *r = xb + i * CB;
+        float *o = z + i * CB;
+        for (int c = 0; c < CB; c++) {
+            float acc = bv[c];
+            for (int w = 0; w < W; w++) acc += wt[w][c] * r[w * CB + c];
+            o[c] = acc;
+        }
+    }
+}
+
+static void silu_rows(float *z, int n) {
+    for (int i = 0; i < n; i++) z[i] = z[i] / (1.f + cv_expf(-z[i]));
+}
+
+/* dz = dy * act'(z), act'(z) = s (1 + z (1 - s)) for SiLU, s = sigmoid(z) */
+static void silu_grad_rows(const float *z, const float *dy, float *dz, int n) {
+    for (int i = 0; i < n; i++) {
+        const float s = 1.f / (1.f + cv_expf(-z[i]));
+        dz[i] = dy[i] * s * (1.f + z[i] * (1.f - s));
+    }
+}
+
+/* dwf[w] += sum_i dz[i] * xb[i+w], dbf += sum_i dz[i]  (fp32, token order) */
+INLINE void conv_dw(const int W, int nb, const float *xb, const float *dz, float dwf[WMAX][CB], float *dbf) {
+    for (int i = 0; i < nb; i++) {
+        const float *r = xb + i * CB, *g = dz + i * CB;
+        for (int c = 0; c < CB; c++) {
+            dbf[c] += g[c];
+            for (int w = 0; w < W; w++) dwf[w][c] += g[c] * r[w * CB + c];
+        }
+    }
+}
+
+/* dxx row i = sum_w dzb[W-1+i-w] * wt[w] */
+INLINE void conv_dx(const int W, int nb, const float *dzb, const float wt[WMAX][CB], float *dxr) {
+    for (int i = 0; i < nb; i++) {
+        float *o = dxr + i * CB;
+        for (int c = 0; c < CB; c++) {
+            float acc = 0.f;
+            for (int w = 0; w < W; w++) acc += dzb[(W - 1 + i - w) * CB + c] * wt[w][c];
+            o[c] = acc;
+        }
+    }
+}
+
+#define W_SWITCH(W, call) do { switch (W) { \
+    case 1: call(1); break; case 2: call(2); break; case 3: call(3); break; case 4: call(4); break; \
+    case 5: call(5); break; case 6: call(6); break; case 7: call(7); break; default: call(8); break; } } while (0)
+
+static void conv_z_any(int W, int nb, const float *xb, const float wt[WMAX][CB], const float *bv, float *z) {
+#define CALL(w) conv_z(w, nb, xb, wt, bv, z)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+static void conv_dw_any(int W, int nb, const float *xb, const float *dz, float dwf[WMAX][CB], float *dbf) {
+#define CALL(w) conv_dw(w, nb, xb, dz, dwf, dbf)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+static void conv_dx_any(int W, int nb, const float *dzb, const float wt[WMAX][CB], float *dxr) {
+#define CALL(w) conv_dx(w, nb, dzb, wt, dxr)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+
+/* threads worth starting for `items` work items of `elems` elements in all */
+static int pick_threads(int threads, int64_t items, int64_t elems) {
+    if (elems < (1 << 15)) return 1;
+    return items < threads ? (int)(items < 1 ? 1 : items) : threads;
+}
+
+/* ---- forward ---- */
+
+/* the sequence holding flattened row g (B*T > 0): largest n with cu[n] <= g */
+static void find_seq(const gdn_conv1d_config *c, int64_t N, int64_t g, int64_t *n, int64_t *bos, int64_t *L) {
+    if (!c->cu_seqlens) { *n = g / c->T; *bos = *n * c->T; *L = c->T; return; }
+    const int64_t *cu = c->cu_seqlens;
+    int64_t lo = 0, hi = N - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (cu[mid] <= g) lo = mid; else hi = mid - 1;
+    }
+    *n = lo; *bos = cu[lo]; *L = cu[lo + 1] - cu[lo];
+}
+
+/* y of tokens t0..t1-1 of sequence n, channels d0..d0+nc-1. xb has
+ * (SB + W - 1) rows: rows 0..W-2 carry xx[tb-W+1..tb-1], rows W-1.. the
+ * inputs of the current sub-block; channels past nc stay 0. */
+static void fwd_piece(const gdn_conv1d_config *c, const gdn_conv1d_args *a, int64_t n, int64_t bos, int64_t L,
+                      int64_t t0, int64_t t1, int d0, int nc, const float wt[WMAX][CB], const float *bv, float *xb,
+                      float *z) {
+    const int W = c->W, D = c->D;
+    const gdn_dtype dt = c->dtype;
+    for (int j = 0; j < W - 1; j++) {
+        const int64_t s = t0 - (W - 1) + j;
+        if (s >= 0) load_row(dt, a->x, (bos + s) * D + d0, xb + j * CB, nc);
+        else state_row(a->h0, n, D, W, d0, nc, s, xb + j * CB);
+    }
+    for (int64_t tb = t0; tb < t1; tb += SB) {
+        const int nb = (int)(t1 - tb < SB ? t1 - tb : SB);
+        for (int i = 0; i < nb; i++) load_row(dt, a->x, (bos + tb + i) * D + d0, xb + (W - 1 + i) * CB, nc);
+        conv_z_any(W, nb, xb, wt, bv, z);
+        if (c->silu) silu_rows(z, nb * CB);
+        for (int i = 0; i < nb; i++) store_row(dt, a->y, (bos + tb + i) * D + d0, z + i * CB, nc);
+        memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+    }
+}
+
+int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_args *a) {
+    const int D = c->D, W = c->W, ncb = (D + CB - 1) / CB;
+    const int64_t R = c->B * c->T;
+    /* the weights of every channel block, transposed once: [ncb][WMAX + 1][CB] (bias last) */
+    float *wall = malloc(sizeof(float) * (size_t)ncb * (WMAX + 1) * CB);
+    if (!wall) return 1;
+    for (int cb = 0; cb < ncb; cb++) {
+        float *wb = wall + (size_t)cb * (WMAX + 1) * CB;
+        block_weights(a->weight, a->bias, W, cb * CB, D - cb * CB < CB ? D - cb * CB : CB, (float(*)[CB])wb,
+                      wb + WMAX * CB);
+    }
+    /* chunks of tc rows (results do not depend on tc: no reductions); within
+     * a chunk, SB tokens at a time across all channel blocks, so memory is
+     * walked row by row */
+    int64_t tc = TC;
+    while (tc > SB && R / tc < 4 * (int64_t)threads) tc /= 2;
+    const int64_t nch = (R + tc - 1) / tc;
+    const int nt = pick_threads(threads, nch, R * D * W);
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        float xb[(SB + WMAX - 1) * CB], z[SB * CB];
+        memset(xb, 0, sizeof xb);
+        const int64_t g1 = (ch + 1) * tc < R ? (ch + 1) * tc : R;
+        for (int64_t g = ch * tc; g < g1;) {   /* the chunk's rows, sequence by sequence */
+            int64_t n, bos, L;
+            find_seq(c, N, g, &n, &bos, &L);
+            const int64_t e = bos + L < g1 ? bos + L : g1;
+            for (int64_t tb = g - bos; tb < e - bos; tb += SB) {
+                const int64_t te = tb + SB < e - bos ? tb + SB : e - bos;
+                for (int cb = 0; cb < ncb; cb++) {
+                    const float *wb = wall + (size_t)cb * (WMAX + 1) * CB;
+                    fwd_piece(c, a, n, bos, L, tb, te, cb * CB, D - cb * CB < CB ? D - cb * CB : CB,
+                              (const float(*)[CB])wb, wb + WMAX * CB, xb, z);
+                }
+            }
+            g = e;
+        }
+    }
+    free(wall);
+    if (!a->ht) return 0;
+    /* after the convolution, and ascending in j: ht may be h0 itself (an
+     * in-place state update): ht[j] reads h0[L+j], never an entry already written */
+    const int nt2 = pick_threads(threads, N * D, N * D * W);
+    #pragma omp parallel for num_threads(nt2) schedule(static)
+    for (int64_t i = 0; i < N * D; i++) {
+        const int64_t n = i / D;
+        const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
+        const int64_t L = c->cu_seqlens ? c->cu_seqlens[n + 1] - bos : c->T;
+        for (int j = 0; j < W; j++) {
+            const int64_t s = L - W + j;
+            float v = 0.f;
+            if (s >= 0) load_row(c->dtype, a->x, (bos + s) * D + i % D, &v, 1);
+            else if (a->h0) v = a->h0[i * W + W + s];
+            a->ht[i * W + j] = v;
+        }
+    }
+    return 0;
+}
+
+/* ---- backward ---- */
+
+/* Every sequence, channels d0..d0+nc-1. Sub-block tb covers positions
+ * tb..tb+nb-1 of the L + W - 1 steps (tokens past L have dz = 0): step t
+ * computes dz[t] and emits dxx[t-W+1], whose taps dz[t-W+1..t] are then known.
+ * xb / dzb rows 0..W-2 carry xx / dz of the W-1 steps before tb. */
+static void bwd_block(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int d0, int nc) {
+    const int W = c->W, D = c->D;
+    const gdn_dtype dt = c->dtype;
+    float wt[WMAX][CB], bv[CB];
+    float xb[(SB + WMAX - 1) * CB], dzb[(SB + WMAX - 1) * CB], dyb[SB * CB], zb[SB * CB];
+    float dwf[WMAX][CB], dbf[CB];
+    double dw[WMAX][CB], db[CB];
+    block_weights(a->weight, a->bias, W, d0, nc, wt, bv);
+    memset(xb, 0, sizeof xb); memset(dzb, 0, sizeof dzb); memset(dyb, 0, sizeof dyb);
+    memset(dw, 0, sizeof dw); memset(db, 0, sizeof db);
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
+        const int64_t L = c->cu_seqlens ? c->cu_seqlens[n + 1] - bos : c->T;
+        float *dh0 = a->dh0 ? a->dh0 + ((int64_t)n * D + d0) * W : NULL;
+        const float *dht = a->dht ? a->dht + ((int64_t)n * D + d0) * W : NULL;
+        for (int j = 0; j < W - 1; j++) {
+            state_row(a->h0, n, D, W, d0, nc, j - (W - 1), xb + j * CB);
+            memset(dzb + j * CB, 0, sizeof(float) * CB);
+        }
+        for (int64_t tb = 0; tb < L + W - 1; tb += SB) {
+            const int nb = (int)(L + W - 1 - tb < SB ? L + W - 1 - tb : SB);
+            const int nr = (int)(L - tb < 0 ? 0 : (L - tb < nb ? L - tb : nb));   /* real tokens */
+            float *dz = dzb + (W - 1) * CB;
+            for (int i = 0; i < nr; i++) {
+                load_row(dt, a->x, (bos + tb + i) * D + d0, xb + (W - 1 + i) * CB, nc);
+                load_row(dt, a->dy, (bos + tb + i) * D + d0, dyb + i * CB, nc);
+            }
+            for (int64_t i = tb + SB; i < tb + 2 * SB && i < L; i++) {
+                prefetch_row(dt, a->x, (bos + i) * D + d0);
+                prefetch_row(dt, a->dy, (bos + i) * D + d0);
+            }
+            if (nr > 0) {
+                if (c->silu) {
+                    conv_z_any(W, nr, xb, (const float(*)[CB])wt, bv, zb);
+                    silu_grad_rows(zb, dyb, dz, nr * CB);
+                } else {
+                    memcpy(dz, dyb, sizeof(float) * (size_t)nr * CB);
+                }
+                memset(dwf, 0, sizeof dwf); memset(dbf, 0, sizeof dbf);
+                conv_dw_any(W, nr, xb, dz, dwf, dbf);
+                for (int c2 = 0; c2 < CB; c2++) {
+                    db[c2] += dbf[c2];
+                    for (int w = 0; w < W; w++) dw[w][c2] += dwf[w][c2];
+                }
+            }
+            memset(dz + nr * CB, 0, sizeof(float) * (size_t)(nb - nr) * CB);
+            conv_dx_any(W, nb, dzb, (const float(*)[CB])wt, zb);   /* zb now holds dxx rows */
+            for (int i = 0; i < nb; i++) {
+                const int64_t s = tb + i - (W - 1);
+                float *r = zb + i * CB;
+                if (dht && s >= L - W)
+                    for (int c2 = 0; c2 < nc; c2++) r[c2] += dht[(int64_t)c2 * W + (s - L + W)];
+                if (s >= 0) store_row(dt, a->dx, (bos + s) * D + d0, r, nc);
+                else if (dh0)
+                    for (int c2 = 0; c2 < nc; c2++) dh0[(int64_t)c2 * W + W + s] = r[c2];
+            }
+            memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+            memmove(dzb, dzb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+        }
+        if (dh0)   /* h0[., 0] is read only by ht of an empty sequence (ht = h0) */
+            for (int c2 = 0; c2 < nc; c2++) dh0[(int64_t)c2 * W] = (L == 0 && dht) ? dht[(int64_t)c2 * W] : 0.f;
+    }
+    for (int c2 = 0; c2 < nc; c2++) {
+        for (int w = 0; w < W; w++) a->dweight[(int64_t)(d0 + c2) * W + w] = (float)dw[w][c2];
+        if (a->dbias) a->dbias[d0 + c2] = (float)db[c2];
+    }
+}
+
+void gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a) {
+    const int D = c->D, ncb = (D + CB - 1) / CB;
+    const int nt = pick_threads(threads, ncb, (c->B * c->T + N) * D * c->W);
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int cb = 0; cb < ncb; cb++) bwd_block(c, N, a, cb * CB, D - cb * CB < CB ? D - cb * CB : CB);
+}
+
+/* ---- single-token update ---- */
+
+/* state rows st [nc][W] shift left, x enters newest, z = bias + sum_w wt * st */
+INLINE void update_rows(const int W, int nc, float *st, const float *wd, const float *bd, const float *xr,
+                        float *z) {
+    for (int c = 0; c < nc; c++) {
+        float *s = st + c * W;
+        const float *wc = wd + c * W;
+        for (int w = 0; w + 1 < W; w++) s[w] = s[w + 1];
+        s[W - 1] = xr[c];
+        float acc = bd ? bd[c] : 0.f;
+        for (int w = 0; w < W; w++) acc += wc[w] * s[w];
+        z[c] = acc;
+    }
+}
+
+static void update_rows_any(int W, int nc, float *st, const float *wd, const float *bd, const float *xr, float *z) {
+#define CALL(w) update_rows(w, nc, st, wd, bd, xr, z)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+
+/* Threads own channel blocks and walk the rows in order, so rows that share a
+ * slot are applied one after the other, as token after token. */
+void gdn_cpu_conv1d_update(int threads, const gdn_conv1d_config *c, const void *x, const float *weight,
+                           const float *bias, float *state, const int32_t *slots, void *y) {
+    const int64_t B = c->B;
+    const int D = c->D, W = c->W, ncb = (D + CB - 1) / CB;
+    const int nt = pick_threads(threads, ncb, B * D * W);
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int cb = 0; cb < ncb; cb++) {
+        const int d0 = cb * CB, nc = D - d0 < CB ? D - d0 : CB;
+        float xr[CB], z[CB];
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t s = slots ? slots[b] : b;
+            if (s < 0) {
+                memset(z, 0, sizeof z);
+            } else {
+                load_row(c->dtype, x, b * D + d0, xr, nc);
+                update_rows_any(W, nc, state + (s * D + d0) * W, weight + (int64_t)d0 * W, bias ? bias + d0 : NULL,
+                                xr, z);
+                if (c->silu) silu_rows(z, nc);
+            }
+            store_row(c->dtype, y, b * D + d0, z, nc);
+        }
+    }
+}
