@@ -208,7 +208,8 @@ gdn_status gdn_conv1d_bwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
 /* One new token per row b of x [B,D]: state[slot] shifts left by one in place,
  * x enters as newest, y [B,D] = act(bias + sum_w weight[:,w] * state[:,w]).
  * state is [num_slots,D,W]; slots [B] (int32) picks row b's state, -1 = padding
- * (no read, no write, y row = 0); slots NULL means state row b. T and
+ * (no read, no write, y row = 0); slots NULL means state row b. A slot may
+ * repeat: its rows apply in row order, like successive tokens. T and
  * cu_seqlens of cfg are ignored; cfg->B is the number of rows. */
 gdn_status gdn_conv1d_update(const gdn_exec *ex, const gdn_conv1d_config *cfg, const void *x,
                              const float *weight, const float *bias, float *state,
@@ -242,8 +243,9 @@ typedef struct gdn_decode_args {
     const float *A_log;        /* [HV]                                            */
     const float *dt_bias;      /* [HV] or NULL                                    */
     float *state;              /* [num_slots, HV, K, V] ([.., V, K] v-first) in place */
-    const int32_t *slots;      /* [B] pool row of each row, -1 = padding (no read,
-                                  no write, o row 0); NULL = row b uses pool row b */
+    const int32_t *slots;      /* [B] pool row of each row, each at most once; -1 =
+                                  padding (no read, no write, o row 0); NULL = row b
+                                  uses pool row b */
     void *o;                   /* [B, HV, V]                                      */
 } gdn_decode_args;
 

@@ -52,10 +52,18 @@ int gdn_backend_available(gdn_backend b) { return b == GDN_BACKEND_CPU; }
 
 /* ---- shared checks ---- */
 
-#define CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
-#define NEED(ptr, what) CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
+#define CHECK GDN_CHECK
+#define NEED GDN_NEED
+#define valid_dtype gdn_valid_dtype
 
-static int valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
+gdn_status gdn_check_heads(int H, int HV, int K, int V) {
+    CHECK(H >= 1, GDN_ERR_SHAPE, "H (%d) must be >= 1", H);
+    CHECK(HV >= 1, GDN_ERR_SHAPE, "HV (%d) must be >= 1", HV);
+    CHECK(HV % H == 0, GDN_ERR_SHAPE, "HV (%d) is not a multiple of H (%d)", HV, H);
+    CHECK(K >= 1 && K <= 256, GDN_ERR_SHAPE, "K (%d) must be in 1..256", K);
+    CHECK(V >= 1 && V <= 256, GDN_ERR_SHAPE, "V (%d) must be in 1..256", V);
+    return GDN_OK;
+}
 
 gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
     gdn_backend b = ex ? ex->backend : GDN_BACKEND_CPU;
@@ -84,11 +92,7 @@ static gdn_status make_plan(const gdn_exec *ex, const gdn_config *cfg, gdn_plan 
     const gdn_config *c = cfg;
     CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%lld) must be >= 0", (long long)c->B);
     CHECK(c->T >= 0, GDN_ERR_SHAPE, "T (%lld) must be >= 0", (long long)c->T);
-    CHECK(c->H >= 1, GDN_ERR_SHAPE, "H (%d) must be >= 1", c->H);
-    CHECK(c->HV >= 1, GDN_ERR_SHAPE, "HV (%d) must be >= 1", c->HV);
-    CHECK(c->HV % c->H == 0, GDN_ERR_SHAPE, "HV (%d) is not a multiple of H (%d)", c->HV, c->H);
-    CHECK(c->K >= 1 && c->K <= 256, GDN_ERR_SHAPE, "K (%d) must be in 1..256", c->K);
-    CHECK(c->V >= 1 && c->V <= 256, GDN_ERR_SHAPE, "V (%d) must be in 1..256", c->V);
+    if ((s = gdn_check_heads(c->H, c->HV, c->K, c->V))) return s;
     CHECK(valid_dtype(c->dtype), GDN_ERR_DTYPE, "dtype (%d) is not GDN_F32, GDN_BF16 or GDN_F16", (int)c->dtype);
     CHECK(valid_dtype(c->gate_dtype) && (c->gate_dtype == GDN_F32 || c->gate_dtype == c->dtype), GDN_ERR_DTYPE,
           "gate_dtype (%d) must be GDN_F32 or the input dtype (%s)", (int)c->gate_dtype, gdn_dtype_name(c->dtype));

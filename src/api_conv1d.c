@@ -10,8 +10,8 @@
 #include "internal.h"
 #include "cpu/conv1d.h"
 
-#define CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
-#define NEED(ptr, what) CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
+#define CHECK GDN_CHECK
+#define NEED GDN_NEED
 
 /* The shape, dtype and option checks shared by the three calls. */
 static gdn_status check_common(const gdn_exec *ex, const gdn_conv1d_config *cfg, int *threads) {

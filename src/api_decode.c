@@ -3,10 +3,9 @@
 #include <stdlib.h>
 #include "cpu/decode.h"
 
-#define CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
-#define NEED(ptr, what) CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
-
-static int valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
+#define CHECK GDN_CHECK
+#define NEED GDN_NEED
+#define valid_dtype gdn_valid_dtype
 
 gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, const gdn_decode_args *a) {
     int threads;
@@ -16,11 +15,7 @@ gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, con
     if (s) return s;
     const gdn_decode_config *c = cfg;
     CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%d) must be >= 0", c->B);
-    CHECK(c->H >= 1, GDN_ERR_SHAPE, "H (%d) must be >= 1", c->H);
-    CHECK(c->HV >= 1, GDN_ERR_SHAPE, "HV (%d) must be >= 1", c->HV);
-    CHECK(c->HV % c->H == 0, GDN_ERR_SHAPE, "HV (%d) is not a multiple of H (%d)", c->HV, c->H);
-    CHECK(c->K >= 1 && c->K <= 256, GDN_ERR_SHAPE, "K (%d) must be in 1..256", c->K);
-    CHECK(c->V >= 1 && c->V <= 256, GDN_ERR_SHAPE, "V (%d) must be in 1..256", c->V);
+    if ((s = gdn_check_heads(c->H, c->HV, c->K, c->V))) return s;
     CHECK(valid_dtype(c->dtype), GDN_ERR_DTYPE, "dtype (%d) is not GDN_F32, GDN_BF16 or GDN_F16", (int)c->dtype);
     CHECK(isfinite(c->scale), GDN_ERR_OPTION, "scale (%g) is not finite", (double)c->scale);
     const unsigned known = GDN_QK_L2NORM | GDN_BETA_NEGATIVE | GDN_STATE_V_FIRST;

@@ -8,8 +8,8 @@
 #include "internal.h"
 #include "cpu/rmsnorm.h"
 
-#define CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
-#define NEED(ptr, what) CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
+#define CHECK GDN_CHECK
+#define NEED GDN_NEED
 
 static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, int *threads) {
     NEED(c, " (the gdn_rmsnorm_config)");

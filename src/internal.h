@@ -14,6 +14,13 @@ gdn_status gdn_fail(gdn_status s, const char *fmt, ...)
 #endif
     ;
 
+/* Validation helpers of the API layer: fail with a message unless cond. */
+#define GDN_CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
+#define GDN_NEED(ptr, what) GDN_CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
+static inline int gdn_valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
+/* H, HV >= 1, HV a multiple of H, K and V in 1..256 */
+gdn_status gdn_check_heads(int H, int HV, int K, int V);
+
 /* Validate an exec (NULL = CPU, all threads) and resolve its thread count
  * (>= 1) and seq_split (may be NULL). Sets the error message on failure. */
 gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/conv1d.h"
+#include "cpu/gemm.h"   /* gdn_expf */
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -30,23 +31,6 @@ enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* exp(x) for any x, written so loops over it vectorise (libm's expf does not
- * without -ffast-math); ~2 ulp, saturating: 0 below -87, exp(88) above 88. */
-INLINE float cv_expf(float x) {
-    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float k = __builtin_rintf(xc * 1.44269504088896341f);
-    float r = __builtin_fmaf(k, -0.693145751953125f, xc);
-    r = __builtin_fmaf(k, -1.428606765330187e-06f, r);
-    float p = 1.3888889e-3f;
-    p = __builtin_fmaf(p, r, 8.3333333e-3f);
-    p = __builtin_fmaf(p, r, 4.1666667e-2f);
-    p = __builtin_fmaf(p, r, 1.6666667e-1f);
-    p = __builtin_fmaf(p, r, 0.5f);
-    p = __builtin_fmaf(p, r, 1.0f);
-    p = __builtin_fmaf(p, r, 1.0f);
-    union { uint32_t i; float f; } s = { (uint32_t)((int)k + 127) << 23 };
-    return x < -87.0f ? 0.0f : p * s.f;
-}
 
 /* ---- rows of one channel block, converted to / from f32 ---- */
 
@@ -130,13 +114,13 @@ INLINE void conv_z(const int W, int nb, const float *xb, const float wt[WMAX][CB
 }
 
 static void silu_rows(float *z, int n) {
-    for (int i = 0; i < n; i++) z[i] = z[i] / (1.f + cv_expf(-z[i]));
+    for (int i = 0; i < n; i++) z[i] = z[i] / (1.f + gdn_expf(-z[i]));
 }
 
 /* dz = dy * act'(z), act'(z) = s (1 + z (1 - s)) for SiLU, s = sigmoid(z) */
 static void silu_grad_rows(const float *z, const float *dy, float *dz, int n) {
     for (int i = 0; i < n; i++) {
-        const float s = 1.f / (1.f + cv_expf(-z[i]));
+        const float s = 1.f / (1.f + gdn_expf(-z[i]));
         dz[i] = dy[i] * s * (1.f + z[i] * (1.f - s));
     }
 }

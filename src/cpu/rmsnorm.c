@@ -6,13 +6,14 @@
  *
  * Layout of the work: threads take rows (OpenMP, static), each row is loaded
  * into fp32 scratch, every loop over V is branch-free so the compiler
- * vectorises it (sums with 16 fixed partial accumulators, sigmoid with a
- * polynomial exp). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK, each
+ * vectorises it (sums with 16 fixed partial accumulators, sigmoid with the
+ * polynomial exp of cpu/gemm.h). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK, each
  * block sums its rows in row order into a double partial, and the partials
  * are added in block order: the bits do not depend on the thread count. */
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/rmsnorm.h"
+#include "cpu/gemm.h"   /* gdn_expf */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -67,30 +68,8 @@ static void store_row(gdn_dtype t, void *dst, int64_t off, const float *restrict
 
 /* ---- math ---- */
 
-/* exp(x) for the sigmoid, branch-free so it vectorises: x = n ln2 + f,
- * |f| <= ln2/2, exp(f) by its Taylor series to degree 7 (error < 5e-9
- * relative, below fp32 rounding), 2^n through the exponent bits. x is
- * clamped to [-87, 88], where the sigmoid is 0 or 1 in fp32 anyway. */
-static inline float exp_poly(float x) {
-    x = x < -87.f ? -87.f : x;
-    x = x > 88.f ? 88.f : x;
-    const float shift = 12582912.f;  /* 1.5 * 2^23: adding it rounds to an integer */
-    const float t = x * 1.44269504f + shift;
-    const float n = t - shift;
-    const int32_t ni = (int32_t)(f2u(t) - f2u(shift));
-    const float f = (x - n * 0.693145752f) - n * 1.42860677e-6f;  /* ln2 = hi + lo, hi exact in 16 bits */
-    float p = 1.f / 5040.f;
-    p = p * f + 1.f / 720.f;
-    p = p * f + 1.f / 120.f;
-    p = p * f + 1.f / 24.f;
-    p = p * f + 1.f / 6.f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    return p * u2f((uint32_t)(ni + 127) << 23);
-}
-
-static inline float sigm(float z) { return 1.f / (1.f + exp_poly(-z)); }
+/* the sigmoid through the vectorisable exp of cpu/gemm.h */
+static inline float sigm(float z) { return 1.f / (1.f + gdn_expf(-z)); }
 
 /* sum of squares in a fixed order: 16 running partials, then a fixed tree */
 static float sum_sq(const float *restrict x, int n) {
