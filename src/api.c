@@ -9,6 +9,9 @@
 #include <omp.h>
 #endif
 #include "internal.h"
+#ifdef GDN_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 /* ---- errors ---- */
 
@@ -48,7 +51,13 @@ const char *gdn_dtype_name(gdn_dtype t) {
     return "?";
 }
 
-int gdn_backend_available(gdn_backend b) { return b == GDN_BACKEND_CPU; }
+int gdn_backend_available(gdn_backend b) {
+    if (b == GDN_BACKEND_CPU) return 1;
+#ifdef GDN_HAVE_CUDA
+    if (b == GDN_BACKEND_CUDA) return gdn_cuda_device_count() > 0;
+#endif
+    return 0;
+}
 
 /* ---- shared checks ---- */
 
@@ -68,8 +77,12 @@ gdn_status gdn_check_heads(int H, int HV, int K, int V) {
 gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
     gdn_backend b = ex ? ex->backend : GDN_BACKEND_CPU;
     CHECK(b == GDN_BACKEND_CPU || b == GDN_BACKEND_CUDA, GDN_ERR_BACKEND, "unknown backend (%d)", (int)b);
+#ifdef GDN_HAVE_CUDA
+    CHECK(gdn_backend_available(b), GDN_ERR_BACKEND, "backend %s: no device is visible", b == GDN_BACKEND_CUDA ? "CUDA" : "CPU");
+#else
     CHECK(gdn_backend_available(b), GDN_ERR_BACKEND, "backend %s is not built into this library",
           b == GDN_BACKEND_CUDA ? "CUDA" : "CPU");
+#endif
     int t = ex ? ex->threads : 0;
     CHECK(t >= 0, GDN_ERR_OPTION, "threads (%d) must be >= 0", t);
 #ifdef _OPENMP
@@ -154,6 +167,7 @@ size_t gdn_chunk_saved_size(const gdn_config *cfg) {
 size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(ex, cfg, &p)) return 0;
+    if (gdn_exec_backend(ex) != GDN_BACKEND_CPU) { gdn_ok(); return 0; }
     gdn_ok();
     return gdn_cpu_chunk_fwd_ws(&p);
 }
@@ -161,6 +175,7 @@ size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
 size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(ex, cfg, &p)) return 0;
+    if (gdn_exec_backend(ex) != GDN_BACKEND_CPU) { gdn_ok(); return 0; }
     gdn_ok();
     return gdn_cpu_chunk_bwd_ws(&p);
 }
@@ -190,6 +205,7 @@ static gdn_status check_fwd_args(const gdn_plan *p, const gdn_fwd_args *a, int c
 gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
     gdn_plan p;
     gdn_status s = make_plan(ex, cfg, &p);
+    if (!s) GDN_CPU_ONLY(ex, "gdn_chunk_fwd");
     if (!s) s = check_fwd_args(&p, a, 1);
     if (s) return s;
     gdn_cpu_chunk_fwd(&p, a);
@@ -201,6 +217,14 @@ gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gd
     gdn_status s = make_plan(ex, cfg, &p);
     if (!s) s = check_fwd_args(&p, a, 0);
     if (s) return s;
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
+              "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+        if ((s = gdn_cuda_recurrent_fwd(&p, a, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     gdn_cpu_recurrent_fwd(&p, a);
     return gdn_ok();
 }
@@ -211,6 +235,7 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
     gdn_plan p;
     gdn_status s = make_plan(ex, cfg, &p);
     if (s) return s;
+    GDN_CPU_ONLY(ex, "gdn_chunk_bwd");
     NEED(a, "");
     const unsigned f = p.c.flags;
     if (p.c.B * p.c.T > 0) {
@@ -240,6 +265,7 @@ static gdn_status check_rows(const gdn_exec *ex, int64_t rows, int dim, const ch
                              int *threads) {
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
+    GDN_CPU_ONLY(ex, "the standalone gate and L2 norm");
     CHECK(rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)rows);
     CHECK(dim >= 1, GDN_ERR_SHAPE, "%s (%d) must be >= 1", dim_name, dim);
     CHECK(valid_dtype(t), GDN_ERR_DTYPE, "dtype (%d) is not GDN_F32, GDN_BF16 or GDN_F16", (int)t);

@@ -19,6 +19,7 @@ static gdn_status check_common(const gdn_exec *ex, const gdn_conv1d_config *cfg,
     const gdn_conv1d_config *c = cfg;
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
+    GDN_CPU_ONLY(ex, "conv1d");
     CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%lld) must be >= 0", (long long)c->B);
     CHECK(c->D >= 1, GDN_ERR_SHAPE, "D (%d) must be >= 1", c->D);
     CHECK(c->W >= 1 && c->W <= 8, GDN_ERR_SHAPE, "W (%d) must be in 1..8", c->W);

@@ -2,6 +2,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include "cpu/decode.h"
+#ifdef GDN_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #define CHECK GDN_CHECK
 #define NEED GDN_NEED
@@ -33,7 +36,12 @@ gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, con
     } else {
         NEED(a->mixed_qkv, " (conv_W is 0)");
     }
-    if (a->slots) {   /* every slot in range and used once, before anything is touched */
+    const int on_cuda = gdn_exec_backend(ex) == GDN_BACKEND_CUDA;
+    CHECK(!on_cuda || c->conv_W == 0, GDN_ERR_UNSUPPORTED, "conv_W (%d) > 0 is not on the CUDA backend yet", c->conv_W);
+    /* CPU: every slot in range and used once, before anything is touched. CUDA:
+     * slots are device memory, read only by the kernel (no host sync), which
+     * treats a slot outside -1..num_slots-1 as padding. */
+    if (a->slots && !on_cuda) {
         unsigned char *seen = calloc((size_t)c->num_slots + 1, 1);
         CHECK(seen != NULL, GDN_ERR_BACKEND, "out of memory checking %lld slots", (long long)c->num_slots);
         for (int b = 0; b < c->B; b++) {
@@ -52,6 +60,12 @@ gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, con
     }
     gdn_decode_config r = *c;
     if (r.scale == 0.f) r.scale = 1.0f / sqrtf((float)c->K);
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda) {
+        if ((s = gdn_cuda_decode_step(&r, a, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
     gdn_cpu_decode_step(threads, &r, a);
     return gdn_ok();
 }

@@ -15,6 +15,7 @@ static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, 
     NEED(c, " (the gdn_rmsnorm_config)");
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
+    GDN_CPU_ONLY(ex, "gated RMSNorm");
     CHECK(c->rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)c->rows);
     CHECK(c->V >= 1, GDN_ERR_SHAPE, "V (%d) must be >= 1", c->V);
     CHECK((double)c->rows * (double)c->V < 4.0e18, GDN_ERR_SHAPE, "rows * V (%lld * %d) is too large",

@@ -6,6 +6,12 @@
 #include <stddef.h>
 #include <math.h>
 #include "gdn.h"
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- errors (api.c) ---- */
 gdn_status gdn_fail(gdn_status s, const char *fmt, ...)
@@ -24,6 +30,9 @@ gdn_status gdn_check_heads(int H, int HV, int K, int V);
 /* Validate an exec (NULL = CPU, all threads) and resolve its thread count
  * (>= 1) and seq_split (may be NULL). Sets the error message on failure. */
 gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split);
+static inline gdn_backend gdn_exec_backend(const gdn_exec *ex) { return ex ? ex->backend : GDN_BACKEND_CPU; }
+#define GDN_CPU_ONLY(ex, what) GDN_CHECK(gdn_exec_backend(ex) == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED, \
+                                        "%s is not on the CUDA backend yet (CPU only)", what)
 /* Clear the last error and return GDN_OK: the end of every successful call. */
 gdn_status gdn_ok(void);
 
@@ -87,7 +96,6 @@ void gdn_cpu_l2norm_bwd(int threads, int64_t rows, int dim, gdn_dtype t, const v
  * where x86 arithmetic is ~100x slower; values below 1.2e-38 change nothing
  * at the tolerances of DESIGN.md. */
 #if defined(__SSE2__)
-#include <xmmintrin.h>
 static inline unsigned gdn_ftz_begin(void) { unsigned m = _mm_getcsr(); _mm_setcsr(m | 0x8040u); return m; }
 static inline void gdn_ftz_end(unsigned m) { _mm_setcsr(m); }
 #else
@@ -99,4 +107,7 @@ static inline void gdn_ftz_end(unsigned m) { (void)m; }
 static inline float gdn_softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 static inline float gdn_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

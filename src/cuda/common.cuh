@@ -1,0 +1,51 @@
+/* Device helpers shared by the CUDA kernels: dtype loads and stores, the
+ * gate, block reductions. */
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace gdn {
+
+__device__ __forceinline__ float ld(const void *p, int64_t i, int dt) {
+    if (dt == 0) return static_cast<const float *>(p)[i];
+    const unsigned short h = static_cast<const unsigned short *>(p)[i];
+    if (dt == 1) return __uint_as_float(static_cast<unsigned>(h) << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ void st(void *p, int64_t i, float v, int dt) {
+    if (dt == 0) static_cast<float *>(p)[i] = v;
+    else if (dt == 1) static_cast<unsigned short *>(p)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    else static_cast<unsigned short *>(p)[i] = __half_as_ushort(__float2half_rn(v));
+}
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* sum over the block; red holds >= 32 floats; every thread gets the total */
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.f;
+    return warp_sum(v);
+}
+
+/* x[0..n) *= rsqrt(sum x^2 + 1e-6), x in shared memory */
+__device__ __forceinline__ void l2norm_shared(float *x, int n, float *red) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    const float r = rsqrtf(block_sum(ss, red) + 1e-6f);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] *= r;
+    __syncthreads();
+}
+
+}  // namespace gdn

@@ -1,0 +1,16 @@
+/* The CUDA backend as the API layer sees it: C entry points, device
+ * pointers, the caller's stream; inputs already validated. */
+#ifndef GDN_CUDA_BACKEND_H
+#define GDN_CUDA_BACKEND_H
+#include "internal.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+int gdn_cuda_device_count(void);
+/* returns GDN_OK or GDN_ERR_BACKEND (launch failure, message set) */
+gdn_status gdn_cuda_decode_step(const gdn_decode_config *cfg, const gdn_decode_args *a, void *stream);
+gdn_status gdn_cuda_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a, void *stream);
+#ifdef __cplusplus
+}
+#endif
+#endif

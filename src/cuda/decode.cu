@@ -1,0 +1,100 @@
+/* CUDA fused decode step (the math of src/cpu/decode.c), one block per
+ * (row b, value head j). The state is the traffic: k-first, thread c owns
+ * column c (S[:, c], coalesced across the warp) and reads it twice, the
+ * second time from L1; v-first, a warp owns row c (contiguous in K) and
+ * reduces across its lanes. q, k live in shared memory. No host sync; a slot
+ * outside -1..num_slots-1 reads and writes nothing (as padding: slots live
+ * on the device, where the host cannot check them without a sync). */
+#include <cuda_runtime.h>
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.h"
+
+namespace {
+
+struct DecodeArgs {
+    const void *qkv, *a, *b;
+    const float *A_log, *dt_bias;
+    float *state;
+    const int32_t *slots;
+    void *o;
+    int B, H, HV, K, V, dt;
+    int64_t num_slots;
+    float scale;
+    int l2norm, vfirst;
+    float beta_mul;
+};
+
+__global__ void decode_kernel(DecodeArgs p) {
+    extern __shared__ float sm[];
+    float *q = sm, *k = sm + p.K, *red = sm + 2 * p.K;
+    const int b = blockIdx.x / p.HV, j = blockIdx.x % p.HV, h = j / (p.HV / p.H);
+    const int64_t D = 2LL * p.H * p.K + (int64_t)p.HV * p.V;
+    const int64_t slot = p.slots ? p.slots[b] : b;
+    const int64_t orow = ((int64_t)b * p.HV + j) * p.V;
+    if (slot < 0 || slot >= p.num_slots) {
+        for (int c = threadIdx.x; c < p.V; c += blockDim.x) gdn::st(p.o, orow + c, 0.f, p.dt);
+        return;
+    }
+    for (int i = threadIdx.x; i < p.K; i += blockDim.x) {
+        q[i] = gdn::ld(p.qkv, b * D + (int64_t)h * p.K + i, p.dt);
+        k[i] = gdn::ld(p.qkv, b * D + (int64_t)p.H * p.K + (int64_t)h * p.K + i, p.dt);
+    }
+    __syncthreads();
+    if (p.l2norm) { gdn::l2norm_shared(q, p.K, red); gdn::l2norm_shared(k, p.K, red); }
+    const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
+    const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
+    const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
+    float *S = p.state + (slot * p.HV + j) * (int64_t)p.K * p.V;
+    const int64_t vbase = b * D + 2LL * p.H * p.K + (int64_t)j * p.V;
+    if (!p.vfirst) {
+        for (int c = threadIdx.x; c < p.V; c += blockDim.x) {
+            float pred = 0.f;
+            for (int i = 0; i < p.K; i++) pred += S[(int64_t)i * p.V + c] * k[i];
+            const float u = beta * (gdn::ld(p.qkv, vbase + c, p.dt) - decay * pred);
+            float o = 0.f;
+            for (int i = 0; i < p.K; i++) {
+                const float s = decay * S[(int64_t)i * p.V + c] + k[i] * u;
+                S[(int64_t)i * p.V + c] = s;
+                o += q[i] * s;
+            }
+            gdn::st(p.o, orow + c, p.scale * o, p.dt);
+        }
+    } else {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        for (int c = warp; c < p.V; c += nw) {
+            float *Sc = S + (int64_t)c * p.K;
+            float pred = 0.f;
+            for (int i = lane; i < p.K; i += 32) pred += Sc[i] * k[i];
+            pred = gdn::warp_sum(pred);
+            const float u = beta * (gdn::ld(p.qkv, vbase + c, p.dt) - decay * pred);
+            float o = 0.f;
+            for (int i = lane; i < p.K; i += 32) {
+                const float s = decay * Sc[i] + k[i] * u;
+                Sc[i] = s;
+                o += q[i] * s;
+            }
+            o = gdn::warp_sum(o);
+            if (lane == 0) gdn::st(p.o, orow + c, p.scale * o, p.dt);
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" gdn_status gdn_cuda_decode_step(const gdn_decode_config *c, const gdn_decode_args *a, void *stream) {
+    if (c->B == 0) return GDN_OK;
+    DecodeArgs p;
+    p.qkv = a->mixed_qkv; p.a = a->a; p.b = a->b; p.A_log = a->A_log; p.dt_bias = a->dt_bias;
+    p.state = a->state; p.slots = a->slots; p.o = a->o;
+    p.B = c->B; p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.dt = (int)c->dtype;
+    p.num_slots = c->num_slots; p.scale = c->scale;
+    p.l2norm = (c->flags & GDN_QK_L2NORM) != 0;
+    p.vfirst = (c->flags & GDN_STATE_V_FIRST) != 0;
+    p.beta_mul = (c->flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
+    const int threads = p.vfirst ? 256 : (c->V <= 32 ? 32 : c->V <= 64 ? 64 : c->V <= 128 ? 128 : 256);
+    const size_t smem = sizeof(float) * (2 * (size_t)c->K + 32);
+    decode_kernel<<<c->B * c->HV, threads, smem, (cudaStream_t)stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "decode kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}

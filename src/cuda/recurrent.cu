@@ -1,0 +1,97 @@
+/* CUDA recurrent forward (the math of src/cpu/recurrent.c), one block per
+ * (sequence n, value head j), thread c owning state column S[:, c] in
+ * registers for the whole sequence (KT >= K, a compile-time bound so the
+ * column stays in registers). Per token: q, k to shared memory (L2 norm by a
+ * block reduction), then each thread decays its column, forms its u_c and
+ * o_c. The state touches device memory only at h0 and ht. */
+#include <cuda_runtime.h>
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.h"
+
+namespace {
+
+struct RecArgs {
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias, *h0;
+    void *o;
+    float *ht;
+    const int64_t *cu;
+    int64_t T;
+    int H, HV, K, V, dt, gdt;
+    float scale;
+    unsigned flags;
+};
+
+template <int KT>
+__global__ void recurrent_kernel(RecArgs p) {
+    extern __shared__ float sm[];
+    float *q = sm, *k = sm + p.K, *red = sm + 2 * p.K;
+    const int n = blockIdx.x / p.HV, j = blockIdx.x % p.HV, h = j / (p.HV / p.H), c = threadIdx.x;
+    const int64_t bos = p.cu ? p.cu[n] : (int64_t)n * p.T, len = p.cu ? p.cu[n + 1] - bos : p.T;
+    const int vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, active = c < p.V;
+    const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
+    float s[KT];
+#pragma unroll
+    for (int i = 0; i < KT; i++)
+        s[i] = (active && i < p.K && p.h0) ? p.h0[sbase + (vfirst ? (int64_t)c * p.K + i : (int64_t)i * p.V + c)] : 0.f;
+    const float A = (p.flags & GDN_GATE_FUSED) ? -expf(p.A_log[j]) : 0.f;
+    const float bias = ((p.flags & GDN_GATE_FUSED) && p.dt_bias) ? p.dt_bias[j] : 0.f;
+    for (int64_t t = 0; t < len; t++) {
+        const int64_t r = bos + t;
+        __syncthreads();   /* the previous token's q, k are no longer read */
+        for (int i = threadIdx.x; i < p.K; i += blockDim.x) {
+            q[i] = gdn::ld(p.q, (r * p.H + h) * p.K + i, p.dt);
+            k[i] = gdn::ld(p.k, (r * p.H + h) * p.K + i, p.dt);
+        }
+        __syncthreads();
+        if (p.flags & GDN_QK_L2NORM) { gdn::l2norm_shared(q, p.K, red); gdn::l2norm_shared(k, p.K, red); }
+        float g = p.g ? gdn::ld(p.g, r * p.HV + j, p.gdt) : 0.f;
+        if (p.flags & GDN_GATE_FUSED) g = A * gdn::softplus(g + bias);
+        float beta = gdn::ld(p.beta, r * p.HV + j, p.gdt);
+        if (p.flags & GDN_BETA_SIGMOID) beta = ((p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f) * gdn::sigmoid(beta);
+        const float decay = expf(g);
+        if (active) {
+            float pred = 0.f;
+#pragma unroll
+            for (int i = 0; i < KT; i++) if (i < p.K) { s[i] *= decay; pred += s[i] * k[i]; }
+            const float u = beta * (gdn::ld(p.v, (r * p.HV + j) * p.V + c, p.dt) - pred);
+            float o = 0.f;
+#pragma unroll
+            for (int i = 0; i < KT; i++) if (i < p.K) { s[i] += k[i] * u; o += q[i] * s[i]; }
+            gdn::st(p.o, (r * p.HV + j) * p.V + c, p.scale * o, p.dt);
+        }
+    }
+    if (active && p.ht) {
+#pragma unroll
+        for (int i = 0; i < KT; i++)
+            if (i < p.K) p.ht[sbase + (vfirst ? (int64_t)c * p.K + i : (int64_t)i * p.V + c)] = s[i];
+    }
+}
+
+template <int KT>
+cudaError_t launch(const RecArgs &p, int64_t N, int threads, size_t smem, cudaStream_t st) {
+    recurrent_kernel<KT><<<(unsigned)(N * p.HV), threads, smem, st>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" gdn_status gdn_cuda_recurrent_fwd(const gdn_plan *pl, const gdn_fwd_args *a, void *stream) {
+    const gdn_config *c = &pl->c;
+    if (pl->N * c->HV == 0) return GDN_OK;
+    RecArgs p;
+    p.q = a->q; p.k = a->k; p.v = a->v; p.g = a->g; p.beta = a->beta;
+    p.A_log = a->A_log; p.dt_bias = a->dt_bias; p.h0 = a->h0; p.o = a->o; p.ht = a->ht;
+    p.cu = c->cu_seqlens_dev; p.T = c->T;
+    p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
+    p.scale = c->scale; p.flags = c->flags;
+    const int threads = c->V <= 32 ? 32 : c->V <= 64 ? 64 : c->V <= 128 ? 128 : 256;
+    const size_t smem = sizeof(float) * (2 * (size_t)c->K + 32);
+    cudaStream_t st = (cudaStream_t)stream;
+    const cudaError_t e = c->K <= 32 ? launch<32>(p, pl->N, threads, smem, st)
+                        : c->K <= 64 ? launch<64>(p, pl->N, threads, smem, st)
+                        : c->K <= 128 ? launch<128>(p, pl->N, threads, smem, st)
+                                      : launch<256>(p, pl->N, threads, smem, st);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "recurrent kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}
