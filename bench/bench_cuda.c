@@ -1,0 +1,102 @@
+/* GPU bench (first part): the fused decode step on the device against the
+ * card's copy bandwidth measured in the same run (cudaMemcpy device to
+ * device, bytes read + written), CUDA events, median after warm-up, the
+ * state pools rotated so L2 (50 MiB) does not flatter. B = 1 is also timed
+ * as a CUDA graph replay, the way a serving engine runs it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+#include "gdn.h"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static int cmp_f(const void *a, const void *b) { const float x = *(const float *)a, y = *(const float *)b; return x < y ? -1 : x > y; }
+
+int main(void) {
+    if (!gdn_backend_available(GDN_BACKEND_CUDA)) { printf("no CUDA device\n"); return 0; }
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    /* copy bandwidth */
+    const size_t cb = (size_t)2 << 30;
+    void *ca, *cbuf;
+    CK(cudaMalloc(&ca, cb)); CK(cudaMalloc(&cbuf, cb));
+    CK(cudaMemsetAsync(ca, 1, cb, st));
+    float best = 1e30f;
+    for (int r = 0; r < 10; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaMemcpyAsync(cbuf, ca, cb, cudaMemcpyDeviceToDevice, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    const double copy = 2.0 * cb / (best * 1e-3) * 1e-9;
+    CK(cudaFree(ca)); CK(cudaFree(cbuf));
+    printf("copy bandwidth (D2D memcpy 2 GiB, read+write)   %8.1f GB/s\n\n", copy);
+    printf("%-40s %10s %9s %8s\n", "op", "time us", "GB/s", "% copy");
+
+    const int H = 16, HV = 32, K = 128, V = 128, D = 2 * H * K + HV * V, Bs[3] = {1, 32, 256};
+    for (int bi = 0; bi < 3; bi++) {
+        const int B = Bs[bi];
+        const size_t st_bytes = (size_t)B * HV * K * V * 4;
+        const int npool = st_bytes < ((size_t)256 << 20) ? (int)(((size_t)512 << 20) / st_bytes) : 2;
+        float *state;
+        void *x, *ga, *gb, *o;
+        float *A_log, *dt_bias;
+        CK(cudaMalloc((void **)&state, st_bytes * npool));
+        CK(cudaMemsetAsync(state, 0, st_bytes * npool, st));
+        CK(cudaMalloc(&x, 2 * (size_t)B * D)); CK(cudaMemsetAsync(x, 0x3c, 2 * (size_t)B * D, st));
+        CK(cudaMalloc(&ga, 2 * (size_t)B * HV)); CK(cudaMemsetAsync(ga, 0, 2 * (size_t)B * HV, st));
+        CK(cudaMalloc(&gb, 2 * (size_t)B * HV)); CK(cudaMemsetAsync(gb, 0, 2 * (size_t)B * HV, st));
+        CK(cudaMalloc(&o, 2 * (size_t)B * HV * V));
+        CK(cudaMalloc((void **)&A_log, 4 * HV)); CK(cudaMemsetAsync(A_log, 0, 4 * HV, st));
+        CK(cudaMalloc((void **)&dt_bias, 4 * HV)); CK(cudaMemsetAsync(dt_bias, 0, 4 * HV, st));
+        gdn_exec ex = {GDN_BACKEND_CUDA, st, 0, 0};
+        gdn_decode_config c = {.B = B, .H = H, .HV = HV, .K = K, .V = V, .dtype = GDN_BF16, .flags = GDN_QK_L2NORM, .num_slots = B};
+        gdn_decode_args a = {.mixed_qkv = x, .a = ga, .b = gb, .A_log = A_log, .dt_bias = dt_bias, .o = o};
+        enum { REPS = 50 };
+        float t[REPS];
+        for (int r = -5; r < REPS; r++) {
+            a.state = state + (size_t)((r + 5) % npool) * B * HV * K * V;
+            CK(cudaEventRecord(e0, st));
+            if (gdn_decode_step(&ex, &c, &a) != GDN_OK) { fprintf(stderr, "%s\n", gdn_last_error()); return 1; }
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            if (r >= 0) CK(cudaEventElapsedTime(&t[r], e0, e1));
+        }
+        qsort(t, REPS, sizeof *t, cmp_f);
+        const double us = t[REPS / 2] * 1e3, gbs = 2.0 * st_bytes / (us * 1e-6) * 1e-9;
+        char name[64];
+        snprintf(name, sizeof name, "decode_step B%d H%d HV%d K%d V%d", B, H, HV, K, V);
+        printf("%-40s %10.2f %9.1f %7.1f%%\n", name, us, gbs, 100.0 * gbs / copy);
+        if (B == 1) {   /* graph replay: 20 steps captured, per-step time */
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (int s = 0; s < 20; s++) {
+                a.state = state + (size_t)(s % npool) * B * HV * K * V;
+                if (gdn_decode_step(&ex, &c, &a) != GDN_OK) { fprintf(stderr, "%s\n", gdn_last_error()); return 1; }
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            for (int r = -3; r < REPS; r++) {
+                CK(cudaEventRecord(e0, st));
+                CK(cudaGraphLaunch(ge, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                if (r >= 0) CK(cudaEventElapsedTime(&t[r], e0, e1));
+            }
+            qsort(t, REPS, sizeof *t, cmp_f);
+            const double us1 = t[REPS / 2] * 1e3 / 20;
+            printf("%-40s %10.2f %9.1f %7.1f%%\n", "decode_step B1, graph replay (per step)", us1,
+                   2.0 * st_bytes / (us1 * 1e-6) * 1e-9, 100.0 * 2.0 * st_bytes / (us1 * 1e-6) * 1e-9 / copy);
+            CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+        }
+        CK(cudaFree(state)); CK(cudaFree(x)); CK(cudaFree(ga)); CK(cudaFree(gb)); CK(cudaFree(o));
+        CK(cudaFree(A_log)); CK(cudaFree(dt_bias));
+    }
+    return 0;
+}
