@@ -1,8 +1,6 @@
-/* CUDA fused decode step (the math of src/cpu/decode.c), one block per
- * (row b, value head j). The state is the traffic: k-first, thread c owns
- * column c (S[:, c], coalesced across the warp) and reads it twice, the
- * second time from L1; v-first, a warp owns row c (contiguous in K) and
- * reduces across its lanes. q, k live in shared memory. No host sync; a slot
+/* CUDA fused decode step (the math of src/cpu/decode.c). The state is the
+ * traffic: k-first, see decode_kfirst_kernel; v-first, one block per (row,
+ * head), a warp owns row c (contiguous in K) and reduces across its lanes. q, k live in shared memory. No host sync; a slot
  * outside -1..num_slots-1 reads and writes nothing (as padding: slots live
  * on the device, where the host cannot check them without a sync). */
 #include <cuda_runtime.h>
@@ -23,6 +21,71 @@ struct DecodeArgs {
     int l2norm, vfirst;
     float beta_mul;
 };
+
+/* k-first: a block covers 32 columns of one (row, head) with 4 warps, warp
+ * w holding rows [w*R, w*R+R) of each column in registers (R = KT/4), so
+ * every state element is read from device memory once, 32 consecutive
+ * columns per warp access (coalesced), and the loads are issued before the
+ * q/k prologue so they overlap it. Partial dot products meet in shared
+ * memory. grid.y splits V, so B = 1 still fills the card. */
+template <int R>
+__global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
+    extern __shared__ float sm[];
+    float *q = sm, *k = sm + p.K, *red = sm + 2 * p.K, *part = red + 32;   /* part: [4][32] */
+    const int b = blockIdx.x / p.HV, j = blockIdx.x % p.HV, h = j / (p.HV / p.H);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int c = blockIdx.y * 32 + lane, i0 = w * R;
+    const int V = p.V, K = p.K;
+    const int64_t D = 2LL * p.H * K + (int64_t)p.HV * V;
+    const int64_t slot = p.slots ? p.slots[b] : b;
+    const int64_t orow = ((int64_t)b * p.HV + j) * V;
+    const bool live = slot >= 0 && slot < p.num_slots, mine = live && c < V;
+    float *S = live ? p.state + (slot * p.HV + j) * (int64_t)K * V + c : nullptr;
+    float s[R];
+    const float *lp = mine ? S + (int64_t)i0 * V : nullptr;   /* stepped by V: one live address */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        s[r] = (mine && i0 + r < K) ? *lp : 0.f;
+        lp += V;
+    }
+    if (!live) {
+        if (w == 0 && c < V) gdn::st(p.o, orow + c, 0.f, p.dt);
+        return;
+    }
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        q[i] = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
+        k[i] = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
+    }
+    __syncthreads();
+    if (p.l2norm) { gdn::l2norm_shared(q, K, red); gdn::l2norm_shared(k, K, red); }
+    const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
+    const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
+    const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
+    float pred = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) if (i0 + r < K) pred += s[r] * k[i0 + r];
+    part[w * 32 + lane] = pred;
+    __syncthreads();
+    pred = part[lane] + part[32 + lane] + part[64 + lane] + part[96 + lane];
+    const float vc = c < V ? gdn::ld(p.qkv, b * D + 2LL * p.H * K + (int64_t)j * V + c, p.dt) : 0.f;
+    const float u = beta * (vc - decay * pred);
+    float o = 0.f;
+    float *sp = mine ? S + (int64_t)i0 * V : nullptr;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (i0 + r < K) {
+            const float x = decay * s[r] + k[i0 + r] * u;
+            if (mine) *sp = x;
+            o += q[i0 + r] * x;
+        }
+        sp += V;
+    }
+    __syncthreads();   /* every warp has read part[] */
+    part[w * 32 + lane] = o;
+    __syncthreads();
+    if (w == 0 && c < V)
+        gdn::st(p.o, orow + c, p.scale * (part[lane] + part[32 + lane] + part[64 + lane] + part[96 + lane]), p.dt);
+}
 
 __global__ void decode_kernel(DecodeArgs p) {
     extern __shared__ float sm[];
@@ -91,9 +154,17 @@ extern "C" gdn_status gdn_cuda_decode_step(const gdn_decode_config *c, const gdn
     p.l2norm = (c->flags & GDN_QK_L2NORM) != 0;
     p.vfirst = (c->flags & GDN_STATE_V_FIRST) != 0;
     p.beta_mul = (c->flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
-    const int threads = p.vfirst ? 256 : (c->V <= 32 ? 32 : c->V <= 64 ? 64 : c->V <= 128 ? 128 : 256);
-    const size_t smem = sizeof(float) * (2 * (size_t)c->K + 32);
-    decode_kernel<<<c->B * c->HV, threads, smem, (cudaStream_t)stream>>>(p);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (p.vfirst) {
+        decode_kernel<<<c->B * c->HV, 256, sizeof(float) * (2 * (size_t)c->K + 32), st>>>(p);
+    } else {
+        const size_t smem = sizeof(float) * (2 * (size_t)c->K + 32 + 128);
+        const dim3 grid((unsigned)(c->B * c->HV), (unsigned)((c->V + 31) / 32));
+        if (c->K <= 32) decode_kfirst_kernel<8><<<grid, 128, smem, st>>>(p);
+        else if (c->K <= 64) decode_kfirst_kernel<16><<<grid, 128, smem, st>>>(p);
+        else if (c->K <= 128) decode_kfirst_kernel<32><<<grid, 128, smem, st>>>(p);
+        else decode_kfirst_kernel<64><<<grid, 128, smem, st>>>(p);
+    }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "decode kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
