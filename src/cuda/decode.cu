@@ -52,12 +52,23 @@ __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
         if (w == 0 && c < V) gdn::st(p.o, orow + c, 0.f, p.dt);
         return;
     }
-    for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        q[i] = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
-        k[i] = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
+    /* q, k norms without block barriers: each warp reads all of q and k
+     * (coalesced) and reduces with shuffles, then writes only its own rows
+     * [i0, i0+R) of the normalised q, k to shared memory */
+    float sq = 0.f, sk = 0.f;
+    for (int i = lane; i < K; i += 32) {
+        const float qi = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
+        const float ki = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
+        sq += qi * qi;
+        sk += ki * ki;
+        if (i >= i0 && i < i0 + R) { q[i] = qi; k[i] = ki; }
     }
-    __syncthreads();
-    if (p.l2norm) { gdn::l2norm_shared(q, K, red); gdn::l2norm_shared(k, K, red); }
+    const float rq = p.l2norm ? rsqrtf(gdn::warp_sum(sq) + 1e-6f) : 1.f;
+    const float rk = p.l2norm ? rsqrtf(gdn::warp_sum(sk) + 1e-6f) : 1.f;
+    __syncwarp();
+    for (int i = i0 + lane; i < i0 + R && i < K; i += 32) { q[i] *= rq; k[i] *= rk; }
+    __syncwarp();
+    (void)red;
     const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
     const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
     const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
