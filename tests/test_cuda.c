@@ -99,7 +99,7 @@ static void decode_case(int B, int H, int HV, int K, int V, gdn_dtype dt, unsign
     for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); dt_bias[j] = (float)(0.5 * rng_normal(&r)); }
     for (size_t i = 0; i < ns; i++) st0[i] = (float)(0.3 * rng_normal(&r));
     memcpy(st_cpu, st0, 4 * ns);
-    int32_t slots[64];
+    int32_t slots[512];
     for (int i = 0; i < B; i++) slots[i] = (int32_t)((pool - 1 - i) % pool);
     if (use_slots) for (int i = 1; i < B; i += 3) slots[i] = -1;
     void *o_cpu = t_alloc(no * dsz), *o_gpu = t_alloc(no * dsz);
@@ -162,7 +162,10 @@ void test_cuda(void) {
             if (fi == 1) recurrent_case(1, 0, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], lens, 7, dt,
                                         fsets[fi], 1, rng_u64(&r));
         }
-    const int dshapes[][5] = {{1, 16, 32, 128, 128}, {5, 2, 4, 24, 40}, {7, 1, 3, 64, 64}, {33, 2, 2, 256, 17}};
+    /* few rows take the warp-per-columns kernel, many rows (here 300 x 8 heads x 2
+     * column groups) the 4-warp one, K = 256 always the 4-warp one */
+    const int dshapes[][5] = {{1, 16, 32, 128, 128}, {5, 2, 4, 24, 40}, {7, 1, 3, 64, 64}, {33, 2, 2, 256, 17},
+                              {300, 2, 8, 128, 64}};
     for (size_t si = 0; si < sizeof dshapes / sizeof *dshapes; si++)
         for (int di = 0; di < 3; di++)
             for (int v = 0; v < 4; v++) {
