@@ -98,6 +98,101 @@ __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
         gdn::st(p.o, orow + c, p.scale * (part[lane] + part[32 + lane] + part[64 + lane] + part[96 + lane]), p.dt);
 }
 
+/* k-first, many rows: bandwidth. 8 warps cover 128 columns (4 adjacent
+ * columns per lane, 16-byte loads and stores), warp w holding rows
+ * [w*R, w*R+R) of them (R = KT/8), so the state moves in wide, coalesced
+ * accesses with R*4 values per thread in registers. Needs V % 4 == 0. */
+template <int R>
+__global__ void __launch_bounds__(256) decode_wide_kernel(DecodeArgs p) {
+    extern __shared__ float sm[];
+    float *q = sm, *k = sm + p.K;
+    float4 *part = reinterpret_cast<float4 *>(sm + 2 * p.K);   /* [8][32] */
+    const int b = blockIdx.x / p.HV, j = blockIdx.x % p.HV, h = j / (p.HV / p.H);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int c = blockIdx.y * 128 + lane * 4, i0 = w * R;
+    const int V = p.V, K = p.K;
+    const int64_t D = 2LL * p.H * K + (int64_t)p.HV * V;
+    const int64_t slot = p.slots ? p.slots[b] : b;
+    const int64_t orow = ((int64_t)b * p.HV + j) * V;
+    const bool live = slot >= 0 && slot < p.num_slots, mine = live && c < V;
+    float *S = live ? p.state + (slot * p.HV + j) * (int64_t)K * V + c : nullptr;
+    float4 s[R];
+    const float *lp = mine ? S + (int64_t)i0 * V : nullptr;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        s[r] = (mine && i0 + r < K) ? *reinterpret_cast<const float4 *>(lp) : make_float4(0.f, 0.f, 0.f, 0.f);
+        lp += V;
+    }
+    if (!live) {
+        if (w == 0)
+            for (int e = 0; e < 4; e++) if (c + e < V) gdn::st(p.o, orow + c + e, 0.f, p.dt);
+        return;
+    }
+    /* q, k norms per warp by shuffles; each warp keeps its own rows */
+    float sq = 0.f, sk = 0.f;
+    for (int i = lane; i < K; i += 32) {
+        const float qi = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
+        const float ki = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
+        sq += qi * qi;
+        sk += ki * ki;
+        if (i >= i0 && i < i0 + R) { q[i] = qi; k[i] = ki; }
+    }
+    const float rq = p.l2norm ? rsqrtf(gdn::warp_sum(sq) + 1e-6f) : 1.f;
+    const float rk = p.l2norm ? rsqrtf(gdn::warp_sum(sk) + 1e-6f) : 1.f;
+    __syncwarp();
+    const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
+    const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
+    const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
+    float4 pr = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (i0 + r < K) {
+            const float kk = k[i0 + r] * rk;
+            pr.x += s[r].x * kk; pr.y += s[r].y * kk; pr.z += s[r].z * kk; pr.w += s[r].w * kk;
+        }
+    part[w * 32 + lane] = pr;
+    __syncthreads();
+    float4 P = part[lane];
+#pragma unroll
+    for (int ww = 1; ww < 8; ww++) {
+        const float4 t = part[ww * 32 + lane];
+        P.x += t.x; P.y += t.y; P.z += t.z; P.w += t.w;
+    }
+    const int64_t vb = b * D + 2LL * p.H * K + (int64_t)j * V + c;
+    float4 u;
+    u.x = beta * ((c + 0 < V ? gdn::ld(p.qkv, vb + 0, p.dt) : 0.f) - decay * P.x);
+    u.y = beta * ((c + 1 < V ? gdn::ld(p.qkv, vb + 1, p.dt) : 0.f) - decay * P.y);
+    u.z = beta * ((c + 2 < V ? gdn::ld(p.qkv, vb + 2, p.dt) : 0.f) - decay * P.z);
+    u.w = beta * ((c + 3 < V ? gdn::ld(p.qkv, vb + 3, p.dt) : 0.f) - decay * P.w);
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    float *sp = mine ? S + (int64_t)i0 * V : nullptr;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (i0 + r < K) {
+            const float kk = k[i0 + r] * rk, qq = q[i0 + r] * rq;
+            float4 x;
+            x.x = decay * s[r].x + kk * u.x; x.y = decay * s[r].y + kk * u.y;
+            x.z = decay * s[r].z + kk * u.z; x.w = decay * s[r].w + kk * u.w;
+            if (mine) *reinterpret_cast<float4 *>(sp) = x;
+            o.x += qq * x.x; o.y += qq * x.y; o.z += qq * x.z; o.w += qq * x.w;
+        }
+        sp += V;
+    }
+    __syncthreads();   /* every warp has read part[] */
+    part[w * 32 + lane] = o;
+    __syncthreads();
+    if (w == 0) {
+        float4 O = part[lane];
+#pragma unroll
+        for (int ww = 1; ww < 8; ww++) {
+            const float4 t = part[ww * 32 + lane];
+            O.x += t.x; O.y += t.y; O.z += t.z; O.w += t.w;
+        }
+        const float ov[4] = {O.x, O.y, O.z, O.w};
+        for (int e = 0; e < 4; e++) if (c + e < V) gdn::st(p.o, orow + c + e, p.scale * ov[e], p.dt);
+    }
+}
+
 __global__ void decode_kernel(DecodeArgs p) {
     extern __shared__ float sm[];
     float *q = sm, *k = sm + p.K, *red = sm + 2 * p.K;
@@ -171,7 +266,14 @@ extern "C" gdn_status gdn_cuda_decode_step(const gdn_decode_config *c, const gdn
     } else {
         const size_t smem = sizeof(float) * (2 * (size_t)c->K + 32 + 128);
         const dim3 grid((unsigned)(c->B * c->HV), (unsigned)((c->V + 31) / 32));
-        if (c->K <= 32) decode_kfirst_kernel<8><<<grid, 128, smem, st>>>(p);
+        const dim3 wide((unsigned)(c->B * c->HV), (unsigned)((c->V + 127) / 128));
+        const size_t wsmem = sizeof(float) * (2 * (size_t)c->K) + sizeof(float) * 4 * 256;
+        /* many rows and V % 4 == 0: the 16-byte kernel (enough blocks to fill the card a few times) */
+        if (c->V % 4 == 0 && (int64_t)wide.x * wide.y >= 2048 && c->K <= 256) {
+            if (c->K <= 64) decode_wide_kernel<8><<<wide, 256, wsmem, st>>>(p);
+            else if (c->K <= 128) decode_wide_kernel<16><<<wide, 256, wsmem, st>>>(p);
+            else decode_wide_kernel<32><<<wide, 256, wsmem, st>>>(p);
+        } else if (c->K <= 32) decode_kfirst_kernel<8><<<grid, 128, smem, st>>>(p);
         else if (c->K <= 64) decode_kfirst_kernel<16><<<grid, 128, smem, st>>>(p);
         else if (c->K <= 128) decode_kfirst_kernel<32><<<grid, 128, smem, st>>>(p);
         else decode_kfirst_kernel<64><<<grid, 128, smem, st>>>(p);
