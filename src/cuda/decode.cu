@@ -52,6 +52,10 @@ __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
         if (w == 0 && c < V) gdn::st(p.o, orow + c, 0.f, p.dt);
         return;
     }
+    /* the scalars and v_c now, so their latency hides under the state loads */
+    const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
+    const float Alog = p.A_log[j], dtb = p.dt_bias ? p.dt_bias[j] : 0.f;
+    const float vc = c < V ? gdn::ld(p.qkv, b * D + 2LL * p.H * K + (int64_t)j * V + c, p.dt) : 0.f;
     /* q, k norms without block barriers: each warp reads all of q and k
      * (coalesced) and reduces with shuffles, then writes only its own rows
      * [i0, i0+R) of the normalised q, k to shared memory */
@@ -69,8 +73,7 @@ __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
     for (int i = i0 + lane; i < i0 + R && i < K; i += 32) { q[i] *= rq; k[i] *= rk; }
     __syncwarp();
     (void)red;
-    const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
-    const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
+    const float g = -expf(Alog) * gdn::softplus(ga + dtb);
     const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
     float pred = 0.f;
 #pragma unroll
@@ -78,7 +81,6 @@ __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
     part[w * 32 + lane] = pred;
     __syncthreads();
     pred = part[lane] + part[32 + lane] + part[64 + lane] + part[96 + lane];
-    const float vc = c < V ? gdn::ld(p.qkv, b * D + 2LL * p.H * K + (int64_t)j * V + c, p.dt) : 0.f;
     const float u = beta * (vc - decay * pred);
     float o = 0.f;
     float *sp = mine ? S + (int64_t)i0 * V : nullptr;
