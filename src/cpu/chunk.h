@@ -4,7 +4,7 @@
  * entering the chunk (k-first, K x V) and gc_t = sum_{s<=t} g_s inside the chunk:
  *   A_ts = beta_t exp(gc_t - gc_s) k_t.k_s   (s < t)       Tm = (I + A)^-1
  *   Wk   = Tm diag(beta exp(gc)) K            Wv = Tm diag(beta) V
- *   U    = Wv - Wk S0                         (the u_t of the recurrence)
+ *   U    = Wv - Wk S0 = Tm (Bv - Bk S0)       (the u_t of the recurrence)
  *   P_ts = scale q_t.k_s exp(gc_t - gc_s)     (s <= t)
  *   O    = scale diag(exp(gc)) Q S0 + P U
  *   S1   = exp(gc_last) S0 + sum_s exp(gc_last - gc_s) k_s u_s^T
@@ -24,7 +24,7 @@ typedef struct chunk_ws {
     float *g, *gc, *gam, *beta;      /* [CS] log decay, its cumsum, exp(gc), beta     */
     float *KK, *P, *Tm, *E;          /* [CS,CS] k.k, masked scaled q.k decay, (I+A)^-1,
                                         exp(gc_t - gc_s) for s <= t */
-    float *Bk, *Wk, *Bv, *Wv, *U;    /* [CS,K] [CS,K] [CS,V] [CS,V]; U is Wv's buffer  */
+    float *Bk, *Wk, *Bv, *U, *X;     /* [CS,K] [CS,K] [CS,V] [CS,V] [CS,V] X: Bv - Bk S0 */
 } chunk_ws;
 
 /* floats of one chunk_ws for head dims K, V */
@@ -40,12 +40,12 @@ typedef struct chunk_in {
 
 /* Load the chunk rows r0..r0+c-1 of q/k head h: Q, Kc, KK, QK. */
 void gdn_chunk_prepare_qk(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int h, chunk_ws *w);
-/* The value head j part (after prepare_qk of j's q/k head): gc, gam, E, P, Tm, Wk, Wv. */
+/* The value head j part (after prepare_qk of j's q/k head): gc, gam, E, P, Tm, Bk, Bv, Wk. */
 void gdn_chunk_prepare_head(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w);
 /* both */
 void gdn_chunk_prepare(const gdn_plan *p, const chunk_in *in, int64_t r0, int c, int j, chunk_ws *w);
 
-/* U = Wv - Wk S0, in place of Wv */
+/* U = Tm (Bv - Bk S0), Bk = diag(beta exp(gc)) K, Bv = diag(beta) V */
 void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w);
 
 /* S <- exp(gc_last) S + Kd^T U, Kd = exp(gc_last - gc) K (left in w->Kd) */

@@ -11,14 +11,14 @@
 #include "cpu/load.h"
 
 size_t gdn_chunk_ws_floats(int K, int V) {
-    return (size_t)4 * CS + 5 * CS * CS + (size_t)CS * (6 * K + 4 * V) + 64;
+    return (size_t)4 * CS + 5 * CS * CS + (size_t)CS * (6 * K + 5 * V) + 64;
 }
 
 chunk_ws gdn_chunk_ws_at(float *b, int K, int V) {
     chunk_ws w;
     w.Q = b; b += CS * K;   w.Kc = b; b += CS * K;  w.Bk = b; b += CS * K;  w.Wk = b; b += CS * K;
     w.Qs = b; b += CS * K;  w.Kd = b; b += CS * K;  w.QK = b; b += CS * CS;
-    w.Vv = b; b += CS * V;  w.Bv = b; b += CS * V;  w.Wv = b; b += CS * V;  w.U = w.Wv;   /* U overwrites Wv */
+    w.Vv = b; b += CS * V;  w.Bv = b; b += CS * V;  w.U = b; b += CS * V;  w.X = b; b += CS * V;
     w.KK = b; b += CS * CS;  w.P = b; b += CS * CS;   w.Tm = b; b += CS * CS;  w.E = b; b += CS * CS;
     w.g = b; b += CS;  w.gc = b; b += CS;  w.gam = b; b += CS;  w.beta = b;
     return w;
@@ -42,13 +42,15 @@ void gdn_chunk_prepare_head(const gdn_plan *p, const chunk_in *in, int64_t r0, i
     gdn_cpu_load_v(p, in->v, r0, c, j, w->Vv);
     gdn_cpu_load_gate(p, in->g, in->A_log, in->dt_bias, r0, c, j, w->g);
     gdn_cpu_load_beta(p, in->beta, r0, c, j, w->beta);
-    /* the gate's chunk cumsum */
-    float acc = 0.f;
-    for (int t = 0; t < c; t++) { acc += w->g[t]; w->gc[t] = acc; }
+    /* the gate's chunk cumsum, in double: gc_t - gc_s is a difference of two sums that reach ~-1000
+     * under hard decay, where fp32 would leave an absolute error of ~1e-4 in
+     * the exponent, i.e. a relative one in every decay factor */
+    double gcd[CS], accd = 0;
+    for (int t = 0; t < c; t++) { accd += w->g[t]; gcd[t] = accd; w->gc[t] = (float)accd; }
     for (int t = 0; t < c; t++) {
         w->gam[t] = gdn_expf(w->gc[t]);
         float *Et = w->E + t * CS;   /* exp of a positive number is never formed */
-        for (int s = 0; s <= t; s++) Et[s] = gdn_expf(w->gc[t] - w->gc[s]);
+        for (int s = 0; s <= t; s++) Et[s] = gdn_expf((float)(gcd[t] - gcd[s]));
     }
 
     /* P_ts = QK_ts exp(gc_t - gc_s) for s <= t; 0 above the diagonal */
@@ -84,12 +86,16 @@ void gdn_chunk_prepare_head(const gdn_plan *p, const chunk_in *in, int64_t r0, i
         for (int i = 0; i < V; i++) w->Bv[t * V + i] = bv * w->Vv[t * V + i];
     }
     gdn_gemm_tri(GDN_TRI_LOWER_A, c, K, c, 1.f, w->Tm, CS, 0, w->Bk, K, 0, 0, w->Wk, K);
-    gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->Tm, CS, 0, w->Bv, V, 0, 0, w->Wv, V);
 }
 
 void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w) {
     const int K = p->c.K, V = p->c.V;
-    gdn_gemm(c, V, K, -1.f, w->Wk, K, 0, S0, V, 0, 1, w->U, V);   /* in place: U is Wv */
+    /* the residual first, then Tm: U = Tm (Bv - Bk S0). Equal to Wv - Wk S0,
+     * but the two large terms cancel before Tm rather than after, which
+     * keeps fp32 errors relative to U instead of to Wv and Wk S0 */
+    memcpy(w->X, w->Bv, sizeof(float) * c * V);
+    gdn_gemm(c, V, K, -1.f, w->Bk, K, 0, S0, V, 0, 1, w->X, V);
+    gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->Tm, CS, 0, w->X, V, 0, 0, w->U, V);
 }
 
 void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w) {
