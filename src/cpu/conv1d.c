@@ -23,57 +23,16 @@
 #include <string.h>
 #include "cpu/conv1d.h"
 #include "cpu/gemm.h"   /* gdn_expf */
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 
 #define INLINE static inline __attribute__((always_inline))
 
 
-/* ---- rows of one channel block, converted to / from f32 ---- */
+/* ---- rows of one channel block, converted to / from f32 (cpu/convert.c) ---- */
 
-static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) {
-    switch (t) {
-    case GDN_F32: memcpy(dst, (const float *)src + off, sizeof(float) * (size_t)n); break;
-    case GDN_BF16: {
-        const uint16_t *s = (const uint16_t *)src + off;
-        for (int i = 0; i < n; i++) { union { uint32_t u; float f; } v = { (uint32_t)s[i] << 16 }; dst[i] = v.f; }
-        break; }
-    case GDN_F16: {
-        const uint16_t *s = (const uint16_t *)src + off;
-        int i = 0;
-#if defined(__F16C__)
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
-#endif
-        for (; i < n; i++) dst[i] = gdn_f16_to_f32(s[i]);
-        break; }
-    }
-}
-
-static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) {
-    switch (t) {
-    case GDN_F32: memcpy((float *)dst + off, src, sizeof(float) * (size_t)n); break;
-    case GDN_BF16: {   /* round to nearest even, NaN kept quiet (as gdn_f32_to_bf16) */
-        uint16_t *d = (uint16_t *)dst + off;
-        for (int i = 0; i < n; i++) {
-            union { float f; uint32_t u; } v = { src[i] };
-            const uint32_t u = v.u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r);
-        }
-        break; }
-    case GDN_F16: {
-        uint16_t *d = (uint16_t *)dst + off;
-        int i = 0;
-#if defined(__F16C__)
-        for (; i + 8 <= n; i += 8)
-            _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-        for (; i < n; i++) d[i] = gdn_f32_to_f16(src[i]);
-        break; }
-    }
-}
+static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) { gdn_load(t, src, off, dst, n); }
+static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) { gdn_store(t, dst, off, src, n); }
 
 /* prefetch the CB channels at element off of a dtype-t tensor */
 static inline void prefetch_row(gdn_dtype t, const void *p, int64_t off) {

@@ -17,54 +17,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__F16C__) && defined(__AVX__)
-#include <immintrin.h>
-#endif
 
-/* ---- dtype rows <-> fp32 (inline so the loops vectorise) ---- */
-
-static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static void load_row(gdn_dtype t, const void *src, int64_t off, float *restrict dst, int n) {
-    if (t == GDN_F32) {
-        memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float));
-    } else if (t == GDN_BF16) {
-        const uint16_t *restrict s = (const uint16_t *)src + off;
-        for (int i = 0; i < n; i++) dst[i] = u2f((uint32_t)s[i] << 16);
-    } else {
-        const uint16_t *s = (const uint16_t *)src + off;
-        int i = 0;
-#if defined(__F16C__) && defined(__AVX__)
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
-#endif
-        for (; i < n; i++) dst[i] = gdn_f16_to_f32(s[i]);
-    }
-}
-
-/* Round to nearest even, as gdn_store does (NaN kept, f16 overflow -> inf). */
-static void store_row(gdn_dtype t, void *dst, int64_t off, const float *restrict src, int n) {
-    if (t == GDN_F32) {
-        memcpy((float *)dst + off, src, (size_t)n * sizeof(float));
-    } else if (t == GDN_BF16) {
-        uint16_t *restrict d = (uint16_t *)dst + off;
-        for (int i = 0; i < n; i++) {
-            const uint32_t u = f2u(src[i]);
-            const uint32_t rn = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, qn = (u >> 16) | 0x40u;
-            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? qn : rn);
-        }
-    } else {
-        uint16_t *d = (uint16_t *)dst + off;
-        int i = 0;
-#if defined(__F16C__) && defined(__AVX__)
-        for (; i + 8 <= n; i += 8)
-            _mm_storeu_si128((__m128i *)(d + i),
-                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-        for (; i < n; i++) d[i] = gdn_f32_to_f16(src[i]);
-    }
-}
+/* rows in and out through the shared converters (F16C for f16, vector shift for bf16) */
+static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) { gdn_load(t, src, off, dst, n); }
+static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) { gdn_store(t, dst, off, src, n); }
 
 /* ---- math ---- */
 
