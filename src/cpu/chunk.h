@@ -71,6 +71,12 @@ static inline int64_t gdn_segment_seq(const gdn_plan *p, const int64_t *seg0, in
     (void)p;
     return n;
 }
+/* The scan over sequence n's segments for value head j. Segment sg's map is
+ * at maps + (sg*HV + j)*stride: P [K,K], then S [K,V] holding S_loc (read for
+ * every segment but the last). On entry S0 is the sequence's h0; on exit each
+ * slot S holds its segment's incoming state. tmp: K*V floats. */
+void gdn_segment_scan(const gdn_plan *p, const int64_t *seg0, float *maps, size_t stride, int64_t n, int j,
+                      float *S0, float *tmp);
 /* The map of tokens [t_from, t_to) of sequence n (rows from bos), value head j:
  * P [K,K] and S_loc [K,V], the final state from a zero one. */
 void gdn_transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int64_t t_from,

@@ -359,13 +359,7 @@ void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a) {
                 const int64_t n = pair / HV;
                 const int j = (int)(pair % HV);
                 gdn_cpu_load_state(p, a->h0, n, j, s.S);
-                for (int64_t sg = seg0[n]; sg < seg0[n + 1]; sg++) {
-                    float *m = maps + (size_t)(sg * HV + j) * mf, *Sin = m + (size_t)K * K;
-                    memcpy(s.dS, Sin, sizeof(float) * K * V);                       /* S_loc */
-                    if (sg + 1 < seg0[n + 1]) gdn_gemm(K, V, K, 1.f, m, K, 0, s.S, V, 0, 1, s.dS, V);
-                    memcpy(Sin, s.S, sizeof(float) * K * V);
-                    memcpy(s.S, s.dS, sizeof(float) * K * V);                       /* S_out */
-                }
+                gdn_segment_scan(p, seg0, maps, mf, n, j, s.S, s.dS);
                 gdn_cpu_load_state(p, a->dht, n, j, s.S);                           /* dS_out of the last */
                 for (int64_t sg = seg0[n + 1] - 1; sg >= seg0[n]; sg--) {
                     float *m = maps + (size_t)(sg * HV + j) * mf, *dSo = m + (size_t)K * K + (size_t)K * V;

@@ -199,6 +199,21 @@ static void forward_span(const gdn_plan *p, const gdn_fwd_args *a, const chunk_i
     }
 }
 
+void gdn_segment_scan(const gdn_plan *p, const int64_t *seg0, float *maps, size_t stride, int64_t n, int j,
+                      float *S, float *tmp) {
+    const int K = p->c.K, V = p->c.V, HV = p->c.HV;
+    for (int64_t sg = seg0[n]; sg < seg0[n + 1]; sg++) {
+        float *P = maps + (size_t)(sg * HV + j) * stride, *Sl = P + (size_t)K * K;
+        const int last = sg + 1 == seg0[n + 1];
+        if (!last) {                                   /* S_out = P S_in + S_loc */
+            memcpy(tmp, Sl, sizeof(float) * K * V);
+            gdn_gemm(K, V, K, 1.f, P, K, 0, S, V, 0, 1, tmp, V);
+        }
+        memcpy(Sl, S, sizeof(float) * K * V);
+        if (!last) memcpy(S, tmp, sizeof(float) * K * V);
+    }
+}
+
 /* Pass 1 of split mode: the segment's map from a zero state.
  * Per chunk S1 = (exp(gc_last) I - Kd^T Wk) S0 + Kd^T Wv, so
  *   P <- exp(gc_last) P - Kd^T (Wk P),   S_loc <- chunk step of S_loc. */
@@ -267,16 +282,7 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
                 const int64_t n = pair / HV;
                 const int j = (int)(pair % HV);
                 gdn_cpu_load_state(p, a->h0, n, j, S);
-                for (int64_t sg = seg0[n]; sg < seg0[n + 1]; sg++) {
-                    float *P = maps + (size_t)(sg * HV + j) * map_floats, *Sl = P + (size_t)K * K;
-                    const int last = sg + 1 == seg0[n + 1];
-                    if (!last) {                                   /* S_out = P S_in + S_loc */
-                        memcpy(S2, Sl, sizeof(float) * K * V);
-                        gdn_gemm(K, V, K, 1.f, P, K, 0, S, V, 0, 1, S2, V);
-                    }
-                    memcpy(Sl, S, sizeof(float) * K * V);
-                    if (!last) memcpy(S, S2, sizeof(float) * K * V);
-                }
+                gdn_segment_scan(p, seg0, maps, map_floats, n, j, S, S2);
             }
         }
         /* pass 2 (or the only pass): each segment from its incoming state, writing o */

@@ -22,6 +22,25 @@ struct DecodeArgs {
     float beta_mul;
 };
 
+/* q and k of row b, head h, per warp without block barriers: the warp reads
+ * all of q and k (coalesced), keeps its own rows [i0, i0+R) raw in shared
+ * memory and returns their L2-norm scales (1 without GDN_QK_L2NORM). */
+__device__ __forceinline__ void warp_qk_rows(const DecodeArgs &p, int b, int h, int64_t D, int i0, int R,
+                                             float *q, float *k, float *rq, float *rk) {
+    const int lane = threadIdx.x & 31, K = p.K;
+    float sq = 0.f, sk = 0.f;
+    for (int i = lane; i < K; i += 32) {
+        const float qi = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
+        const float ki = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
+        sq += qi * qi;
+        sk += ki * ki;
+        if (i >= i0 && i < i0 + R) { q[i] = qi; k[i] = ki; }
+    }
+    *rq = p.l2norm ? rsqrtf(gdn::warp_sum(sq) + 1e-6f) : 1.f;
+    *rk = p.l2norm ? rsqrtf(gdn::warp_sum(sk) + 1e-6f) : 1.f;
+    __syncwarp();
+}
+
 /* k-first: a block covers 32 columns of one (row, head) with 4 warps, warp
  * w holding rows [w*R, w*R+R) of each column in registers (R = KT/4), so
  * every state element is read from device memory once, 32 consecutive
@@ -31,7 +50,7 @@ struct DecodeArgs {
 template <int R>
 __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
     extern __shared__ float sm[];
-    float *q = sm, *k = sm + p.K, *red = sm + 2 * p.K, *part = red + 32;   /* part: [4][32] */
+    float *q = sm, *k = sm + p.K, *part = sm + 2 * p.K + 32;   /* part: [4][32] */
     const int b = blockIdx.x / p.HV, j = blockIdx.x % p.HV, h = j / (p.HV / p.H);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int c = blockIdx.y * 32 + lane, i0 = w * R;
@@ -56,23 +75,10 @@ __global__ void __launch_bounds__(128) decode_kfirst_kernel(DecodeArgs p) {
     const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
     const float Alog = p.A_log[j], dtb = p.dt_bias ? p.dt_bias[j] : 0.f;
     const float vc = c < V ? gdn::ld(p.qkv, b * D + 2LL * p.H * K + (int64_t)j * V + c, p.dt) : 0.f;
-    /* q, k norms without block barriers: each warp reads all of q and k
-     * (coalesced) and reduces with shuffles, then writes only its own rows
-     * [i0, i0+R) of the normalised q, k to shared memory */
-    float sq = 0.f, sk = 0.f;
-    for (int i = lane; i < K; i += 32) {
-        const float qi = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
-        const float ki = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
-        sq += qi * qi;
-        sk += ki * ki;
-        if (i >= i0 && i < i0 + R) { q[i] = qi; k[i] = ki; }
-    }
-    const float rq = p.l2norm ? rsqrtf(gdn::warp_sum(sq) + 1e-6f) : 1.f;
-    const float rk = p.l2norm ? rsqrtf(gdn::warp_sum(sk) + 1e-6f) : 1.f;
-    __syncwarp();
+    float rq, rk;
+    warp_qk_rows(p, b, h, D, i0, R, q, k, &rq, &rk);
     for (int i = i0 + lane; i < i0 + R && i < K; i += 32) { q[i] *= rq; k[i] *= rk; }
     __syncwarp();
-    (void)red;
     const float g = -expf(Alog) * gdn::softplus(ga + dtb);
     const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
     float pred = 0.f;
@@ -130,18 +136,8 @@ __global__ void __launch_bounds__(256) decode_wide_kernel(DecodeArgs p) {
             for (int e = 0; e < 4; e++) if (c + e < V) gdn::st(p.o, orow + c + e, 0.f, p.dt);
         return;
     }
-    /* q, k norms per warp by shuffles; each warp keeps its own rows */
-    float sq = 0.f, sk = 0.f;
-    for (int i = lane; i < K; i += 32) {
-        const float qi = gdn::ld(p.qkv, b * D + (int64_t)h * K + i, p.dt);
-        const float ki = gdn::ld(p.qkv, b * D + (int64_t)p.H * K + (int64_t)h * K + i, p.dt);
-        sq += qi * qi;
-        sk += ki * ki;
-        if (i >= i0 && i < i0 + R) { q[i] = qi; k[i] = ki; }
-    }
-    const float rq = p.l2norm ? rsqrtf(gdn::warp_sum(sq) + 1e-6f) : 1.f;
-    const float rk = p.l2norm ? rsqrtf(gdn::warp_sum(sk) + 1e-6f) : 1.f;
-    __syncwarp();
+    float rq, rk;
+    warp_qk_rows(p, b, h, D, i0, R, q, k, &rq, &rk);
     const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
     const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
     const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
