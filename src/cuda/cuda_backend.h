@@ -10,6 +10,9 @@ int gdn_cuda_device_count(void);
 /* returns GDN_OK or GDN_ERR_BACKEND (launch failure, message set) */
 gdn_status gdn_cuda_decode_step(const gdn_decode_config *cfg, const gdn_decode_args *a, void *stream);
 gdn_status gdn_cuda_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a, void *stream);
+/* chunk forward; ws: gdn_cuda_chunk_fwd_ws(p) bytes of device memory */
+size_t gdn_cuda_chunk_fwd_ws(const gdn_plan *p);
+gdn_status gdn_cuda_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a, void *ws, void *stream);
 #ifdef __cplusplus
 }
 #endif
