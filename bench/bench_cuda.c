@@ -8,6 +8,7 @@
 #include <string.h>
 #include <cuda_runtime_api.h>
 #include "gdn.h"
+#include "../tools/flops.h"
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
@@ -37,6 +38,61 @@ int main(void) {
     CK(cudaFree(ca)); CK(cudaFree(cbuf));
     printf("copy bandwidth (D2D memcpy 2 GiB, read+write)   %8.1f GB/s\n\n", copy);
     printf("%-40s %10s %9s %8s\n", "op", "time us", "GB/s", "% copy");
+
+    /* chunk forward at the DESIGN §7 shapes */
+    {
+        static const int64_t vl_lens[8] = {1000, 7000, 2500, 6000, 3100, 4900, 5200, 3068};   /* 32768 tokens */
+        struct { const char *name; int64_t B, T; int H, HV, K; gdn_dtype dt; unsigned flags; int varlen; } cs[] = {
+            {"qwen3next", 4, 8192, 16, 32, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 0},
+            {"long1", 1, 65536, 2, 8, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 0},
+            {"varlen", 1, 32768, 16, 32, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 1},
+            {"d256", 16, 4096, 8, 8, 256, GDN_F16, 0, 0}};
+        printf("%-40s %10s %9s %9s\n", "chunk forward", "time us", "TFLOP/s", "GB/s");
+        for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
+            gdn_config c = {.B = cs[ci].B, .T = cs[ci].T, .H = cs[ci].H, .HV = cs[ci].HV, .K = cs[ci].K, .V = cs[ci].K,
+                            .dtype = cs[ci].dt, .gate_dtype = GDN_F32, .flags = cs[ci].flags};
+            int64_t cu[9] = {0}, *dcu = NULL;
+            if (cs[ci].varlen) {
+                for (int i = 0; i < 8; i++) cu[i + 1] = cu[i] + vl_lens[i];
+                CK(cudaMalloc((void **)&dcu, sizeof cu));
+                CK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
+                c.cu_seqlens = cu; c.cu_seqlens_dev = dcu; c.num_seqs = 8;
+            }
+            const int64_t N = cs[ci].varlen ? 8 : c.B, rows = c.B * c.T;
+            const size_t nq = (size_t)rows * c.H * c.K * 2, nv = (size_t)rows * c.HV * c.V * 2, ng = (size_t)rows * c.HV * 4,
+                         ns = (size_t)N * c.HV * c.K * c.V * 4;
+            gdn_exec ex = {GDN_BACKEND_CUDA, st, 0, 0};
+            const size_t sv = gdn_chunk_saved_size(&c), nws = gdn_chunk_fwd_workspace_size(&ex, &c);
+            void *q, *k, *v, *g, *b, *o, *h0, *ht, *A_log, *dtb, *saved, *ws;
+            CK(cudaMalloc(&q, nq)); CK(cudaMalloc(&k, nq)); CK(cudaMalloc(&v, nv)); CK(cudaMalloc(&o, nv));
+            CK(cudaMalloc(&g, ng)); CK(cudaMalloc(&b, ng)); CK(cudaMalloc(&h0, ns)); CK(cudaMalloc(&ht, ns));
+            CK(cudaMalloc(&A_log, 4 * c.HV)); CK(cudaMalloc(&dtb, 4 * c.HV)); CK(cudaMalloc(&saved, sv + 4)); CK(cudaMalloc(&ws, nws + 4));
+            CK(cudaMemsetAsync(q, 0x3c, nq, st)); CK(cudaMemsetAsync(k, 0x3b, nq, st)); CK(cudaMemsetAsync(v, 0x3c, nv, st));
+            CK(cudaMemsetAsync(g, 0, ng, st)); CK(cudaMemsetAsync(b, 0, ng, st)); CK(cudaMemsetAsync(h0, 0, ns, st));
+            CK(cudaMemsetAsync(A_log, 0, 4 * c.HV, st)); CK(cudaMemsetAsync(dtb, 0, 4 * c.HV, st));
+            gdn_fwd_args a = {.q = q, .k = k, .v = v, .g = g, .beta = b, .A_log = A_log, .dt_bias = dtb, .h0 = h0, .o = o,
+                              .ht = ht, .saved = saved, .saved_bytes = sv, .workspace = ws, .workspace_bytes = nws};
+            enum { CREPS = 20 };
+            float t[CREPS];
+            int ok = 1;
+            for (int r = -3; r < CREPS && ok; r++) {
+                CK(cudaEventRecord(e0, st));
+                if (gdn_chunk_fwd(&ex, &c, &a) != GDN_OK) { printf("%-40s %s\n", cs[ci].name, gdn_last_error()); ok = 0; }
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                if (r >= 0) CK(cudaEventElapsedTime(&t[r], e0, e1));
+            }
+            if (ok) {
+                qsort(t, CREPS, sizeof *t, cmp_f);
+                const double us = t[CREPS / 2] * 1e3;
+                printf("%-40s %10.1f %9.1f %9.1f\n", cs[ci].name, us, gdn_flops_chunk_fwd(&c) / (us * 1e-6) * 1e-12,
+                       gdn_bytes_chunk_fwd(&c, 1, 1) / (us * 1e-6) * 1e-9);
+            }
+            void *fr[] = {q, k, v, o, g, b, h0, ht, A_log, dtb, saved, ws, dcu};
+            for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) CK(cudaFree(fr[i]));
+        }
+        printf("\n");
+    }
 
     const int H = 16, HV = 32, K = 128, V = 128, D = 2 * H * K + HV * V, Bs[3] = {1, 32, 256};
     for (int bi = 0; bi < 3; bi++) {

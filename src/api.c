@@ -164,12 +164,19 @@ size_t gdn_chunk_saved_size(const gdn_config *cfg) {
     return gdn_saved_bytes(cfg);
 }
 
+/* forward workspace of the backend that runs the call */
+static size_t chunk_fwd_ws(const gdn_exec *ex, const gdn_plan *p) {
+#ifdef GDN_HAVE_CUDA
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return gdn_cuda_chunk_fwd_ws(p);
+#endif
+    return gdn_exec_backend(ex) == GDN_BACKEND_CPU ? gdn_cpu_chunk_fwd_ws(p) : 0;
+}
+
 size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(ex, cfg, &p)) return 0;
-    if (gdn_exec_backend(ex) != GDN_BACKEND_CPU) { gdn_ok(); return 0; }
     gdn_ok();
-    return gdn_cpu_chunk_fwd_ws(&p);
+    return chunk_fwd_ws(ex, &p);
 }
 
 size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
@@ -182,7 +189,7 @@ size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
 
 /* ---- forward ---- */
 
-static gdn_status check_fwd_args(const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
+static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
     NEED(a, "");
     const unsigned f = p->c.flags;
     if (p->c.B * p->c.T > 0) {   /* token tensors may be NULL when there are no tokens */
@@ -191,7 +198,7 @@ static gdn_status check_fwd_args(const gdn_plan *p, const gdn_fwd_args *a, int c
     }
     if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
     if (chunked) {
-        size_t need = gdn_cpu_chunk_fwd_ws(p);
+        size_t need = chunk_fwd_ws(ex, p);
         CHECK(need == 0 || a->workspace, GDN_ERR_NULL, "workspace is NULL but %zu bytes are needed", need);
         CHECK(a->workspace_bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed",
               a->workspace_bytes, need);
@@ -205,9 +212,16 @@ static gdn_status check_fwd_args(const gdn_plan *p, const gdn_fwd_args *a, int c
 gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
     gdn_plan p;
     gdn_status s = make_plan(ex, cfg, &p);
-    if (!s) GDN_CPU_ONLY(ex, "gdn_chunk_fwd");
-    if (!s) s = check_fwd_args(&p, a, 1);
+    if (!s) s = check_fwd_args(ex, &p, a, 1);
     if (s) return s;
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
+              "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+        if ((s = gdn_cuda_chunk_fwd(&p, a, a->workspace, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     gdn_cpu_chunk_fwd(&p, a);
     return gdn_ok();
 }
@@ -215,13 +229,15 @@ gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fw
 gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
     gdn_plan p;
     gdn_status s = make_plan(ex, cfg, &p);
-    if (!s) s = check_fwd_args(&p, a, 0);
+    if (!s) s = check_fwd_args(ex, &p, a, 0);
     if (s) return s;
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
 #ifdef GDN_HAVE_CUDA
         CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
               "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
-        if ((s = gdn_cuda_recurrent_fwd(&p, a, ex->stream))) return s;
+        gdn_fwd_args ra = *a;
+        ra.saved = NULL;   /* ignored by the recurrent call; the CUDA kernel would write rstd there */
+        if ((s = gdn_cuda_recurrent_fwd(&p, &ra, ex->stream))) return s;
         return gdn_ok();
 #endif
     }

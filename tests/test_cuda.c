@@ -24,17 +24,18 @@ static void dev_get(void *h, const void *d, size_t n) { if (n) cudaMemcpy(h, d, 
 
 static const gdn_exec cuda_ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
 
-/* recurrent forward on the device vs the float64 reference */
-static void recurrent_case(int64_t B, int64_t T, int H, int HV, int K, int V, const int64_t *lens, int nseq,
-                           gdn_dtype dt, unsigned flags, int with_h0, uint64_t seed) {
+/* recurrent or chunk forward on the device vs the float64 reference; the
+ * chunk forward's saved rstd vs rstd formed in double */
+static void fwd_case(int chunk, int64_t B, int64_t T, int H, int HV, int K, int V, const int64_t *lens, int nseq,
+                     gdn_dtype dt, unsigned flags, int with_h0, uint64_t seed) {
     rng r;
     rng_seed(&r, seed);
     char fl[96], ctx[400];
     flags_str(flags, fl, sizeof fl);
     int64_t cu[17] = {0};
     if (nseq) { B = 1; T = 0; for (int i = 0; i < nseq; i++) { T += lens[i]; cu[i + 1] = T; } }
-    snprintf(ctx, sizeof ctx, "op=recurrent_fwd backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s flags=%s h0=%d seed=%llu",
-             (long long)B, (long long)T, H, HV, K, V, nseq, t_dtype_name(dt), fl, with_h0, (unsigned long long)seed);
+    snprintf(ctx, sizeof ctx, "op=%s backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s flags=%s h0=%d seed=%llu",
+             chunk ? "chunk_fwd" : "recurrent_fwd", (long long)B, (long long)T, H, HV, K, V, nseq, t_dtype_name(dt), fl, with_h0, (unsigned long long)seed);
     const int64_t N = nseq ? nseq : B;
     const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
                  ns = (size_t)N * HV * K * V, dsz = t_dsize(dt);
@@ -66,7 +67,13 @@ static void recurrent_case(int64_t B, int64_t T, int H, int HV, int K, int V, co
     if (nseq) c.cu_seqlens_dev = dcu;
     gdn_fwd_args a = {.q = dq, .k = dk, .v = dv, .g = dg, .beta = db, .A_log = dA, .dt_bias = ddt,
                       .h0 = with_h0 ? dh0 : NULL, .o = dO, .ht = dht};
-    const gdn_status s = gdn_recurrent_fwd(&cuda_ex, &c, &a);
+    const size_t sv = gdn_chunk_saved_size(&c), nws = gdn_chunk_fwd_workspace_size(&cuda_ex, &c);
+    float *saved = t_alloc(sv + 4);
+    t_poison_nan(GDN_F32, saved, sv / 4);
+    void *dsv = dev_put(saved, sv), *dws = NULL;
+    if (cudaMalloc(&dws, nws + 4) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); exit(1); }
+    if (chunk) { a.saved = dsv; a.saved_bytes = sv; a.workspace = dws; a.workspace_bytes = nws; }
+    const gdn_status s = chunk ? gdn_chunk_fwd(&cuda_ex, &c, &a) : gdn_recurrent_fwd(&cuda_ex, &c, &a);
     const cudaError_t e = cudaDeviceSynchronize();
     if (check(s == GDN_OK && e == cudaSuccess, ctx, "status %s (%s), cuda %s", gdn_status_string(s), gdn_last_error(),
               cudaGetErrorString(e))) {
@@ -74,8 +81,22 @@ static void recurrent_case(int64_t B, int64_t T, int H, int HV, int K, int V, co
         dev_get(ht, dht, 4 * ns);
         check_close(ctx, "o", dt, o, o_ref, nv, bound_fwd(dt));
         check_close(ctx, "ht", GDN_F32, ht, ht_ref, ns, bound_fwd(dt));
+        if (chunk && sv) {   /* rstd of q and k per (token, head) */
+            const size_t nr = (size_t)(B * T) * H;
+            double *rr = t_alloc(8 * 2 * nr + 8);
+            for (size_t x = 0; x < 2 * nr; x++) {
+                const double *src = (x < nr ? qd : kd) + (x % nr) * K;
+                double ss = 0;
+                for (int i = 0; i < K; i++) ss += src[i] * src[i];
+                rr[x] = 1.0 / sqrt(ss + 1e-6);
+            }
+            dev_get(saved, dsv, sv);
+            check_close(ctx, "saved rstd", GDN_F32, saved, rr, 2 * nr, 1e-5);
+            free(rr);
+        }
     }
-    void *dev[] = {dq, dk, dv, dg, db, dA, ddt, dh0, dO, dht, dcu};
+    free(saved);
+    void *dev[] = {dq, dk, dv, dg, db, dA, ddt, dh0, dO, dht, dcu, dsv, dws};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     free(q); free(k); free(v); free(g); free(b); free(qd); free(kd); free(vd); free(gd); free(bd);
     free(h0); free(h0d); free(o_ref); free(ht_ref); free(o); free(ht);
@@ -157,11 +178,26 @@ void test_cuda(void) {
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
         for (int fi = 0; fi < 5; fi++) {
             const gdn_dtype dt = dts[(si + fi) % 3];
-            recurrent_case(2, Ts[(si + fi) % 6], shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], NULL, 0, dt,
-                           fsets[fi], fi != 2, rng_u64(&r));
-            if (fi == 1) recurrent_case(1, 0, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], lens, 7, dt,
-                                        fsets[fi], 1, rng_u64(&r));
+            fwd_case(0, 2, Ts[(si + fi) % 6], shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], NULL, 0, dt,
+                     fsets[fi], fi != 2, rng_u64(&r));
+            if (fi == 1) fwd_case(0, 1, 0, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], lens, 7, dt,
+                                  fsets[fi], 1, rng_u64(&r));
         }
+    /* chunk forward: every shape, flag set and dtype (f32 takes the recurrent
+     * kernel), T across chunk borders, varlen with empty and 1-token sequences */
+    const int64_t cTs[] = {0, 1, 63, 64, 65, 130, 200, 257};
+    const int64_t clens[] = {0, 1, 64, 65, 0, 1, 127, 190};
+    const int cshapes[][4] = {{1, 1, 16, 16}, {2, 4, 24, 40}, {2, 2, 64, 64}, {1, 2, 128, 128}, {2, 2, 256, 48},
+                              {3, 3, 33, 17}, {2, 4, 128, 128}, {1, 1, 256, 256}, {1, 2, 100, 72}};
+    for (size_t si = 0; si < sizeof cshapes / sizeof *cshapes; si++)
+        for (int fi = 0; fi < 5; fi++)
+            for (int di = 0; di < 3; di++) {
+                const int *sh = cshapes[si];
+                if (di == 0 && fi > 1) continue;   /* f32 is the recurrent kernel, tested above */
+                fwd_case(1, 2, cTs[(si + fi + di) % 8], sh[0], sh[1], sh[2], sh[3], NULL, 0, dts[di], fsets[fi], fi != 2,
+                         rng_u64(&r));
+                if (fi == 1) fwd_case(1, 1, 0, sh[0], sh[1], sh[2], sh[3], clens, 8, dts[di], fsets[fi], 1, rng_u64(&r));
+            }
     /* few rows take the warp-per-columns kernel, many rows (here 300 x 8 heads x 2
      * column groups) the 4-warp one, K = 256 always the 4-warp one */
     const int dshapes[][5] = {{1, 16, 32, 128, 128}, {5, 2, 4, 24, 40}, {7, 1, 3, 64, 64}, {33, 2, 2, 256, 17},

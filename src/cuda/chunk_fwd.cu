@@ -1,9 +1,679 @@
-/* CUDA chunk forward (placeholder while the tensor-core kernel lands). */
+/* CUDA chunk forward on tensor cores (bf16 / f16 inputs; f32 inputs take the
+ * exact recurrent kernel, since bf16 products cannot meet the f32 bound).
+ *
+ * One block per (sequence n, value head j, 64-column slice vb of V) walks the
+ * sequence chunk by chunk (C = 64) with its K x 64 slice of the state in fp32
+ * registers. Per chunk, with gc the gate's cumsum inside the chunk:
+ *
+ *   A  = strict_tril(diag(beta) K K^T * exp(gc_t - gc_s))   fp32
+ *   P  = tril(Q K^T * exp(gc_t - gc_s)) * scale             bf16
+ *   T  = (I + A)^-1      16x16 diagonal blocks by substitution, the rest by
+ *                        three levels of tf32 block products
+ *   R  = diag(beta) (V - diag(exp gc) K S)                  (the residual first,
+ *   U  = T R                                                 as on the CPU)
+ *   O  = diag(scale exp gc) Q S + P U
+ *   S  = exp(gL) S + K^T diag(exp(gL - gc)) U
+ *
+ * Every product is mma.sync m16n8k16 with fp32 accumulation from operands in
+ * shared memory (ldmatrix; rows padded by 16 bytes so the eight row reads of
+ * an 8x8 matrix hit distinct banks). The state takes part in products as a
+ * bf16 copy, as in FLA; it is carried in fp32. Two blocks share an SM at
+ * K = 128 so one's barriers hide behind the other's products. */
 #include <cuda_runtime.h>
+#include "cuda/common.cuh"
 #include "cuda/cuda_backend.h"
 
-extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, void *stream) {
-    (void)pl; (void)a; (void)ws; (void)stream;
-    return gdn_fail(GDN_ERR_UNSUPPORTED, "gdn_chunk_fwd: not yet on CUDA");
+namespace {
+
+constexpr int CC = 64;       /* chunk length            */
+constexpr int AF = CC + 4;   /* fp32 row stride of A and T: conflict-free tf32 fragment reads */
+
+struct ChunkArgs {
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias, *h0;
+    void *o;
+    float *ht, *rstd_q, *rstd_k;
+    const int64_t *cu;
+    int64_t T;
+    int H, HV, K, V, G, gdt, nvb;
+    float scale;
+    unsigned flags;
+};
+
+/* ---- tensor-core primitives ---- */
+
+template <typename E> struct mma_traits;
+template <> struct mma_traits<__nv_bfloat16> {
+    static __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16_rn(x); }
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ float lo(uint32_t x) { return __uint_as_float(x << 16); }
+    static __device__ __forceinline__ float hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+};
+template <> struct mma_traits<__half> {
+    static __device__ __forceinline__ __half cvt(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ float lo(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x & 0xffffu))); }
+    static __device__ __forceinline__ float hi(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x >> 16))); }
+};
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
 }
-extern "C" size_t gdn_cuda_chunk_fwd_ws(const gdn_plan *pl) { (void)pl; return 0; }
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
+}
+
+__device__ __forceinline__ uint32_t tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Fragment addresses (lane l) for a 16x16 tile at (r0, c0) of a row-major bf16
+ * matrix with row stride ld:
+ *   A operand, rows = M:                      a_row(l) = r0 + l%16, col c0 + (l/16)*8   (ldsm4)
+ *   A operand stored transposed ([k][m]):     row k0 + l%8 + (l/16)*8, col m0 + ((l/8)&1)*8 (ldsm4t)
+ *   B operand stored [n][k] (two n8 tiles):   row n0 + l%8 + (l/16)*8, col k0 + ((l/8)&1)*8 (ldsm4)
+ *   B operand stored [k][n] (two n8 tiles):   row k0 + l%8 + ((l/8)&1)*8, col n0 + (l/16)*8 (ldsm4t)
+ * In both B cases r[0], r[1] feed n-tile n0 and r[2], r[3] n-tile n0 + 8. */
+template <typename E> __device__ __forceinline__ const E *frag_a(const E *m, int ld, int r0, int c0, int l) {
+    return m + (r0 + (l & 15)) * ld + c0 + (l >> 4) * 8;
+}
+template <typename E> __device__ __forceinline__ const E *frag_at(const E *m, int ld, int k0, int m0, int l) {
+    return m + (k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8;
+}
+template <typename E> __device__ __forceinline__ const E *frag_bn(const E *m, int ld, int n0, int k0, int l) {
+    return m + (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
+}
+template <typename E> __device__ __forceinline__ const E *frag_bk(const E *m, int ld, int k0, int n0, int l) {
+    return m + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
+}
+
+/* ---- cp.async ---- */
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr(dst)), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* The per-(chunk slot, value head) record the prep kernel leaves for the
+ * state kernel: T (bf16 / f16, [C][C]), then gc, beta and the k rstd (fp32 [C]
+ * each). Chunk i of sequence n is slot bos/C + n + i: slots of consecutive
+ * sequences never overlap, and there are at most B*T/C + N + 1. */
+constexpr int REC_T = CC * CC * 2, REC = REC_T + 3 * CC * 4;
+__device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return bos / CC + n + i; }
+
+__device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
+    *bos = p.cu ? p.cu[n] : (int64_t)n * p.T;
+    *len = p.cu ? p.cu[n + 1] - *bos : p.T;
+}
+
+/* gate, its cumsum inside the chunk and beta for value head j, rows past c
+ * zero (so gc stays flat there); one warp, two tokens per lane */
+__device__ __forceinline__ void chunk_gate(const ChunkArgs &p, int64_t row0, int c, int j, float *gc, float *bt) {
+    const int lane = threadIdx.x & 31;
+    const bool fused = (p.flags & GDN_GATE_FUSED) != 0;
+    const float A = fused ? -expf(p.A_log[j]) : 0.f, bias = (fused && p.dt_bias) ? p.dt_bias[j] : 0.f;
+    float g2[2], b2[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int t = 2 * lane + i;
+        float g = 0.f, b = 0.f;
+        if (t < c) {
+            const int64_t at = (row0 + t) * p.HV + j;
+            g = p.g ? gdn::ld(p.g, at, p.gdt) : 0.f;
+            if (fused) g = A * gdn::softplus(g + bias);
+            b = gdn::ld(p.beta, at, p.gdt);
+            if (p.flags & GDN_BETA_SIGMOID) b = ((p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f) * gdn::sigmoid(b);
+        }
+        g2[i] = g; b2[i] = b;
+    }
+    float incl = g2[0] + g2[1];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    gc[2 * lane] = incl - g2[1]; gc[2 * lane + 1] = incl;
+    bt[2 * lane] = b2[0]; bt[2 * lane + 1] = b2[1];
+}
+
+/* Load rows [0, CC) x columns [0, KT) of a token-major tensor (row stride
+ * ld elements, ncols valid columns) into shared rows of stride LS: 16-byte
+ * cp.async where the rows allow it, plain loads otherwise; zeros outside. */
+template <int KT, int LS, typename E>
+__device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int c, int ncols, int col0, int tid, int nt) {
+    constexpr int G8 = KT / 8;
+    if ((ld & 7) == 0 && (col0 & 7) == 0 && (ncols & 7) == 0) {
+        for (int x = tid; x < CC * G8; x += nt) {
+            const int r = x / G8, c8 = (x % G8) * 8;
+            const bool ok = r < c && c8 < ncols;
+            cp16(dst + r * LS + c8, ok ? (const void *)(src + r * ld + col0 + c8) : (const void *)src, ok);
+        }
+    } else {
+        for (int x = tid; x < CC * KT; x += nt) {
+            const int r = x / KT, cc = x % KT;
+            dst[r * LS + cc] = (r < c && cc < ncols) ? src[r * ld + col0 + cc] : mma_traits<E>::cvt(0.f);
+        }
+    }
+}
+
+/* ---- kernel 1: per (sequence, chunk, q/k head), T = (I + A)^-1 for each
+ * of the G value heads; independent of the state, so the whole grid runs at
+ * once and the latency-bound inverse hides behind other blocks ---- */
+constexpr int PT = 128;   /* prep threads */
+
+template <int KT> struct PrepSmem {
+    static constexpr int LK = KT + 8;
+    static constexpr int k = 0, a = k + CC * LK * 2, t = a + CC * AF * 4, y = t + CC * AF * 4, f = y + 4 * 128 * 4;
+    static constexpr int bytes = f + 3 * CC * 4;
+};
+
+template <int KT, typename E>
+__global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
+    using S = PrepSmem<KT>;
+    using M = mma_traits<E>;
+    extern __shared__ __align__(16) char sm[];
+    E *Ks = reinterpret_cast<E *>(sm + S::k);
+    float *Af = reinterpret_cast<float *>(sm + S::a), *Tf = reinterpret_cast<float *>(sm + S::t);
+    float *gc = reinterpret_cast<float *>(sm + S::f), *bt = gc + CC, *rk = bt + CC;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int i = blockIdx.x % maxch, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    if ((int64_t)i * CC >= len) return;
+    const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+    const int64_t row0 = bos + (int64_t)i * CC;
+    load_rows<KT, S::LK>(Ks, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
+    cp_commit();
+    cp_wait_all();
+    __syncthreads();
+    /* k rstd: two lanes per row */
+    {
+        const int r = w * 16 + (lane >> 1);
+        float ss = 0.f;
+        for (int x = (lane & 1) * (KT / 2); x < (lane & 1) * (KT / 2) + KT / 2; x += 2) {
+            const uint32_t v2 = *reinterpret_cast<const uint32_t *>(Ks + r * S::LK + x);
+            const float a = M::lo(v2), b = M::hi(v2);
+            ss += a * a + b * b;
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        const float rs = (p.flags & GDN_QK_L2NORM) ? rsqrtf(ss + 1e-6f) : 1.f;
+        if ((lane & 1) == 0) {
+            rk[r] = rs;
+            if (p.rstd_k && r < c) p.rstd_k[(row0 + r) * p.H + h] = rs;
+        }
+    }
+    /* raw K K^T, row block w, kept in registers across the G value heads */
+    float acc[8][4];
+#pragma unroll
+    for (int a = 0; a < 8; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+        uint32_t af[4];
+        ldsm4(af, frag_a(Ks, S::LK, w * 16, kk * 16, lane));
+#pragma unroll
+        for (int np = 0; np < 4; np++)
+            if (np <= w) {
+                uint32_t bf[4];
+                ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
+                M::mma(acc[2 * np], af, bf[0], bf[1]);
+                M::mma(acc[2 * np + 1], af, bf[2], bf[3]);
+            }
+    }
+    float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
+    for (int jj = 0; jj < p.G; jj++) {
+        const int j = h * p.G + jj;
+        if (w == 0) chunk_gate(p, row0, c, j, gc, bt);
+        __syncthreads();
+        /* A = strict_tril(beta_t rk_t rk_s exp(gc_t - gc_s) k_t.k_s) */
+#pragma unroll
+        for (int a = 0; a < 8; a++)
+            if (a < 2 * (w + 1))
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = w * 16 + g + (e >> 1) * 8, s = a * 8 + 2 * tq + (e & 1);
+                    Af[t * AF + s] = s < t ? bt[t] * rk[t] * rk[s] * __expf(gc[t] - gc[s]) * acc[a][e] : 0.f;
+                }
+        __syncthreads();
+        /* diagonal 16x16 blocks by substitution: warp w, block w, lane = column */
+        if (lane < 16) {
+            const int b0 = w * 16;
+            float x[16];
+#pragma unroll
+            for (int r = 0; r < 16; r++) x[r] = r == lane ? 1.f : 0.f;
+#pragma unroll
+            for (int s2 = 0; s2 < 16; s2++)
+#pragma unroll
+                for (int r = s2 + 1; r < 16; r++) x[r] -= Af[(b0 + r) * AF + b0 + s2] * x[s2];
+#pragma unroll
+            for (int r = 0; r < 16; r++) Tf[(b0 + r) * AF + b0 + lane] = x[r];
+        }
+        __syncthreads();
+        /* off-diagonal blocks by distance d = i - j: T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj (tf32) */
+        for (int d = 1; d < 4; d++) {
+            for (int pr = w; pr < 2 * (4 - d); pr += 4) {
+                const int bi = d + (pr >> 1), bj = bi - d, n0 = bj * 16 + (pr & 1) * 8;
+                float y[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int kk = bj * 16; kk < bi * 16; kk += 8) {
+                    const float *a0 = Af + (bi * 16 + g) * AF + kk + tq;
+                    const uint32_t af[4] = {tf32(a0[0]), tf32(a0[8 * AF]), tf32(a0[4]), tf32(a0[8 * AF + 4])};
+                    const float *b0 = Tf + (kk + tq) * AF + n0 + g;
+                    mma_tf32(y, af, tf32(b0[0]), tf32(b0[4 * AF]));
+                }
+                __syncwarp();
+                Yw[g * 8 + 2 * tq] = y[0]; Yw[g * 8 + 2 * tq + 1] = y[1];
+                Yw[(g + 8) * 8 + 2 * tq] = y[2]; Yw[(g + 8) * 8 + 2 * tq + 1] = y[3];
+                __syncwarp();
+                float z[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int kk = 0; kk < 16; kk += 8) {
+                    const float *a0 = Tf + (bi * 16 + g) * AF + bi * 16 + kk + tq;
+                    const uint32_t af[4] = {tf32(a0[0]), tf32(a0[8 * AF]), tf32(a0[4]), tf32(a0[8 * AF + 4])};
+                    mma_tf32(z, af, tf32(Yw[(kk + tq) * 8 + g]), tf32(Yw[(kk + tq + 4) * 8 + g]));
+                }
+                const int r0 = bi * 16 + g, c0 = n0 + 2 * tq;
+                Tf[r0 * AF + c0] = -z[0]; Tf[r0 * AF + c0 + 1] = -z[1];
+                Tf[(r0 + 8) * AF + c0] = -z[2]; Tf[(r0 + 8) * AF + c0 + 1] = -z[3];
+            }
+            __syncthreads();
+        }
+        /* the record: T (zero above the diagonal blocks' diagonal), gc, beta, rk */
+        char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
+        for (int x = tid; x < CC * CC / 8; x += PT) {
+            const int r = x / (CC / 8), c8 = (x % (CC / 8)) * 8;
+            uint4 v;
+            uint32_t *vv = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int s0 = c8 + 2 * e;
+                vv[e] = M::pack(s0 <= r ? Tf[r * AF + s0] : 0.f, s0 + 1 <= r ? Tf[r * AF + s0 + 1] : 0.f);
+            }
+            *reinterpret_cast<uint4 *>(rec + (r * CC + c8) * 2) = v;
+        }
+        float *recf = reinterpret_cast<float *>(rec + REC_T);
+        for (int x = tid; x < 3 * CC; x += PT) recf[x] = x < CC ? gc[x] : x < 2 * CC ? bt[x - CC] : rk[x - 2 * CC];
+        __syncthreads();
+    }
+}
+
+/* ---- kernel 2: per (sequence, value head, BV columns of V) the state walk.
+ * 8 warps; warp w owns rows 16*(w&3) of the chunk and half the columns
+ * (w>>2) for O, R and U; the state's tiles are spread over all 8. The next
+ * chunk's q, v, k (double-buffered) and record are fetched with cp.async
+ * while this one computes. q and k stay raw: their rstd scale rows and
+ * columns of the products instead. ---- */
+constexpr int ST = 512;   /* state kernel threads */
+
+template <int KT, int BV> struct StateSmem {
+    static constexpr int LK = KT + 8, LV = BV + 8, LC = CC + 8;
+    static constexpr int q = 0, k0 = q + CC * LK * 2, k1 = k0 + CC * LK * 2, v = k1 + CC * LK * 2;
+    static constexpr int s = v + CC * LV * 2, p = s + KT * LV * 2, t = p + CC * LC * 2, r = t + CC * LC * 2;
+    static constexpr int u = r + CC * LV * 2, ud = u + CC * LV * 2, f = ud + CC * LV * 2;   /* f: 2 x (gc, bt, rk) */
+    static constexpr int bytes = f + 2 * 3 * CC * 4;
+};
+
+template <int KT, int BV, typename E>
+__global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const char *ws) {
+    using S = StateSmem<KT, BV>;
+    using M = mma_traits<E>;
+    constexpr int CW = BV / 4, NTW = CW / 8;   /* columns and n8 tiles per warp for O, R, U */
+    extern __shared__ __align__(16) char sm[];
+    E *Qs = reinterpret_cast<E *>(sm + S::q), *Vs = reinterpret_cast<E *>(sm + S::v), *Ss = reinterpret_cast<E *>(sm + S::s);
+    E *Ps = reinterpret_cast<E *>(sm + S::p), *Ts = reinterpret_cast<E *>(sm + S::t), *Rs = reinterpret_cast<E *>(sm + S::r);
+    E *Us = reinterpret_cast<E *>(sm + S::u), *Ud = reinterpret_cast<E *>(sm + S::ud);
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3, rb = w & 3, cg = w >> 2;
+    const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, n = blockIdx.x / (p.nvb * p.HV), h = j / p.G;
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int nch = (int)((len + CC - 1) / CC);
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const bool save_rq = p.rstd_q && vb == 0 && j % p.G == 0 && cg == 0;
+    const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
+    const int vcol0 = vb * BV;
+
+    auto fetch_qkv = [&](int i) {   /* q, v -> Qs, Vs; k -> K buffer i&1; gc, bt, rk -> f buffer i&1 */
+        const int64_t row0 = bos + (int64_t)i * CC;
+        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        E *Kb = reinterpret_cast<E *>(sm + ((i & 1) ? S::k1 : S::k0));
+        load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+        load_rows<KT, S::LK>(Kb, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+        load_rows<BV, S::LV>(Vs, static_cast<const E *>(p.v) + (row0 * p.HV + j) * p.V, (int64_t)p.HV * p.V, c,
+                             p.V - vcol0 < BV ? p.V - vcol0 : BV, vcol0, tid, ST);
+        const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC + REC_T;
+        char *f = sm + S::f + (i & 1) * 3 * CC * 4;
+        for (int x = tid; x < 3 * CC * 4 / 16; x += ST) cp16(f + 16 * x, rec + 16 * x, true);
+    };
+    auto fetch_t = [&](int i) {
+        const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
+        for (int x = tid; x < CC * CC / 8; x += ST) {
+            const int r = x / (CC / 8), c8 = (x % (CC / 8)) * 8;
+            cp16(Ts + r * S::LC + c8, rec + (r * CC + c8) * 2, true);
+        }
+    };
+
+    /* the state: this warp's tiles of the K x BV slice, fp32: m16 tile w % MT,
+     * n8 tiles [sn0, sn0 + SNT) */
+    constexpr int MT = KT / 16, SMT = 1, SNT = (BV / 8) * MT / 16;
+    const int sn0 = (w / MT) * SNT;
+    auto s_row0 = [&](int) { return (w % MT) * 16; };
+    float st[SMT][SNT][4];
+#pragma unroll
+    for (int i = 0; i < SMT; i++)
+#pragma unroll
+        for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int kr = s_row0(i) + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
+                st[i][nt][e] = (p.h0 && kr < p.K && vc < p.V)
+                                   ? p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] : 0.f;
+            }
+    auto store_state_copy = [&]() {
+#pragma unroll
+        for (int i = 0; i < SMT; i++)
+#pragma unroll
+            for (int nt = 0; nt < SNT; nt++) {
+                const int kr = s_row0(i) + g, vc = (sn0 + nt) * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(Ss + kr * S::LV + vc) = M::pack(st[i][nt][0], st[i][nt][1]);
+                *reinterpret_cast<uint32_t *>(Ss + (kr + 8) * S::LV + vc) = M::pack(st[i][nt][2], st[i][nt][3]);
+            }
+    };
+
+    if (nch > 0) { fetch_qkv(0); fetch_t(0); cp_commit(); }
+    store_state_copy();
+#ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, thread 0 */
+    long long prof[5] = {0}, t0_ = clock64();
+#define PROF(k) do { if (tid == 0) { const long long t1_ = clock64(); prof[k] += t1_ - t0_; t0_ = t1_; } } while (0)
+#else
+#define PROF(k) do { } while (0)
+#endif
+    for (int i = 0; i < nch; i++) {
+        const int64_t row0 = bos + (int64_t)i * CC;
+        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
+        const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * 3 * CC * 4), *bt = gc + CC, *rk = bt + CC;
+        cp_wait_all();
+        __syncthreads();
+        PROF(0);
+        const float gL = gc[CC - 1];
+        const int t0 = rb * 16 + g, t1 = t0 + 8;   /* this thread's two rows */
+
+        /* ---- A: q rstd; O = Q S, X = K S (sharing the S fragments); P, R ---- */
+        float rq0, rq1;
+        {
+            const int r = rb * 16 + (lane >> 1);
+            float ss = 0.f;
+            if (l2)
+                for (int x = (lane & 1) * (KT / 2); x < (lane & 1) * (KT / 2) + KT / 2; x += 8) {
+                    const uint4 v = *reinterpret_cast<const uint4 *>(Qs + r * S::LK + x);
+                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
+                }
+            ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+            const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
+            if (save_rq && (lane & 1) == 0 && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
+            rq0 = __shfl_sync(0xffffffffu, rs, 2 * g);
+            rq1 = __shfl_sync(0xffffffffu, rs, 2 * (g + 8));
+        }
+        float o[NTW][4], x[NTW][4], pa[1][2][4];
+#pragma unroll
+        for (int a = 0; a < NTW; a++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[a][e] = x[a][e] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) pa[0][0][e] = pa[0][1][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++) {
+            uint32_t aq[4], ak[4];
+            ldsm4(aq, frag_a(Qs, S::LK, rb * 16, kk * 16, lane));
+            ldsm4(ak, frag_a(Ks, S::LK, rb * 16, kk * 16, lane));
+#pragma unroll
+            for (int np = 0; np < NTW / 2; np++) {
+                uint32_t bf[4];
+                ldsm4t(bf, frag_bk(Ss, S::LV, kk * 16, cg * CW + np * 16, lane));
+                M::mma(o[2 * np], aq, bf[0], bf[1]);
+                M::mma(o[2 * np + 1], aq, bf[2], bf[3]);
+                M::mma(x[2 * np], ak, bf[0], bf[1]);
+                M::mma(x[2 * np + 1], ak, bf[2], bf[3]);
+            }
+#pragma unroll
+            for (int pb = 0; pb < 1; pb++) {   /* P column block cg, if left of the diagonal */
+                const int np = cg;
+                if (np <= rb) {
+                    uint32_t bf[4];
+                    ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
+                    M::mma(pa[pb][0], aq, bf[0], bf[1]);
+                    M::mma(pa[pb][1], aq, bf[2], bf[3]);
+                }
+            }
+        }
+        {
+            const float fo0 = p.scale * rq0 * __expf(gc[t0]), fo1 = p.scale * rq1 * __expf(gc[t1]);
+            const float e0 = __expf(gc[t0]) * rk[t0], e1 = __expf(gc[t1]) * rk[t1], b0 = bt[t0], b1 = bt[t1];
+#pragma unroll
+            for (int a = 0; a < NTW; a++) {
+                o[a][0] *= fo0; o[a][1] *= fo0; o[a][2] *= fo1; o[a][3] *= fo1;
+                const int col = cg * CW + a * 8 + 2 * tq;
+                const uint32_t v0 = *reinterpret_cast<const uint32_t *>(Vs + t0 * S::LV + col);
+                const uint32_t v1 = *reinterpret_cast<const uint32_t *>(Vs + t1 * S::LV + col);
+                *reinterpret_cast<uint32_t *>(Rs + t0 * S::LV + col) =
+                    M::pack(b0 * (M::lo(v0) - e0 * x[a][0]), b0 * (M::hi(v0) - e0 * x[a][1]));
+                *reinterpret_cast<uint32_t *>(Rs + t1 * S::LV + col) =
+                    M::pack(b1 * (M::lo(v1) - e1 * x[a][2]), b1 * (M::hi(v1) - e1 * x[a][3]));
+            }
+#pragma unroll
+            for (int pb = 0; pb < 1; pb++) {
+                const int np = cg;
+                if (np <= rb)
+#pragma unroll
+                    for (int hn = 0; hn < 2; hn++) {
+                        const int s0 = np * 16 + hn * 8 + 2 * tq;
+                        float v[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int t = e < 2 ? t0 : t1, s = s0 + (e & 1);
+                            const float rq = e < 2 ? rq0 : rq1;
+                            v[e] = s <= t ? p.scale * rq * rk[s] * __expf(gc[t] - gc[s]) * pa[pb][hn][e] : 0.f;
+                        }
+                        *reinterpret_cast<uint32_t *>(Ps + t0 * S::LC + s0) = M::pack(v[0], v[1]);
+                        *reinterpret_cast<uint32_t *>(Ps + t1 * S::LC + s0) = M::pack(v[2], v[3]);
+                    }
+            }
+        }
+        __syncthreads();
+        PROF(1);
+        if (i + 1 < nch) { fetch_qkv(i + 1); cp_commit(); }   /* Q, V are free; K goes to the other buffer */
+
+        /* ---- D: U = T R; Ud = rk exp(gL - gc) U ---- */
+        {
+            float u[NTW][4];
+#pragma unroll
+            for (int a = 0; a < NTW; a++) u[a][0] = u[a][1] = u[a][2] = u[a][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                if (kk <= rb) {
+                    uint32_t af[4];
+                    ldsm4(af, frag_a(Ts, S::LC, rb * 16, kk * 16, lane));
+#pragma unroll
+                    for (int np = 0; np < NTW / 2; np++) {
+                        uint32_t bf[4];
+                        ldsm4t(bf, frag_bk(Rs, S::LV, kk * 16, cg * CW + np * 16, lane));
+                        M::mma(u[2 * np], af, bf[0], bf[1]);
+                        M::mma(u[2 * np + 1], af, bf[2], bf[3]);
+                    }
+                }
+            const float d0 = rk[t0] * __expf(gL - gc[t0]), d1 = rk[t1] * __expf(gL - gc[t1]);
+#pragma unroll
+            for (int a = 0; a < NTW; a++) {
+                const int col = cg * CW + a * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(Us + t0 * S::LV + col) = M::pack(u[a][0], u[a][1]);
+                *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(u[a][2], u[a][3]);
+                *reinterpret_cast<uint32_t *>(Ud + t0 * S::LV + col) = M::pack(d0 * u[a][0], d0 * u[a][1]);
+                *reinterpret_cast<uint32_t *>(Ud + t1 * S::LV + col) = M::pack(d1 * u[a][2], d1 * u[a][3]);
+            }
+        }
+        __syncthreads();
+        PROF(2);
+        if (i + 1 < nch) { fetch_t(i + 1); cp_commit(); }
+
+        /* ---- E: O += P U (staged in Rs); S = exp(gL) S + K^T Ud ---- */
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            if (kk <= rb) {
+                uint32_t af[4];
+                ldsm4(af, frag_a(Ps, S::LC, rb * 16, kk * 16, lane));
+#pragma unroll
+                for (int np = 0; np < NTW / 2; np++) {
+                    uint32_t bf[4];
+                    ldsm4t(bf, frag_bk(Us, S::LV, kk * 16, cg * CW + np * 16, lane));
+                    M::mma(o[2 * np], af, bf[0], bf[1]);
+                    M::mma(o[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+        for (int a = 0; a < NTW; a++) {
+            const int col = cg * CW + a * 8 + 2 * tq;
+            *reinterpret_cast<uint32_t *>(Rs + t0 * S::LV + col) = M::pack(o[a][0], o[a][1]);
+            *reinterpret_cast<uint32_t *>(Rs + t1 * S::LV + col) = M::pack(o[a][2], o[a][3]);
+        }
+        {
+            const float dl = __expf(gL);
+#pragma unroll
+            for (int ii = 0; ii < SMT; ii++)
+#pragma unroll
+                for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) st[ii][nt][e] *= dl;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int ii = 0; ii < SMT; ii++) {
+                    uint32_t af[4];
+                    ldsm4t(af, frag_at(Ks, S::LK, kk * 16, s_row0(ii), lane));
+#pragma unroll
+                    for (int np = 0; np < SNT / 2; np++) {
+                        uint32_t bf[4];
+                        ldsm4t(bf, frag_bk(Ud, S::LV, kk * 16, (sn0 + 2 * np) * 8, lane));
+                        M::mma(st[ii][2 * np], af, bf[0], bf[1]);
+                        M::mma(st[ii][2 * np + 1], af, bf[2], bf[3]);
+                    }
+                }
+            store_state_copy();
+        }
+        __syncthreads();
+        PROF(3);
+        /* O rows of this chunk, 16 bytes per thread */
+        for (int x = tid; x < c * (BV / 8); x += ST) {
+            const int r = x / (BV / 8), c8 = (x % (BV / 8)) * 8, col = vcol0 + c8;
+            if (col >= p.V) continue;
+            E *dst = static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + col;
+            const uint4 wv = *reinterpret_cast<const uint4 *>(Rs + r * S::LV + c8);
+            if ((p.V & 7) == 0) *reinterpret_cast<uint4 *>(dst) = wv;
+            else {
+                const E *xe = reinterpret_cast<const E *>(&wv);
+                for (int e = 0; e < 8 && col + e < p.V; e++) dst[e] = xe[e];
+            }
+        }
+        PROF(4);
+    }
+#ifdef GDN_CHUNK_PROFILE
+    if (tid == 0 && blockIdx.x == 0 && nch)
+        printf("chunk_state KT=%d: cycles per chunk: wait %lld  A %lld  D %lld  E %lld  store %lld\n", KT, prof[0] / nch,
+               prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch);
+#endif
+#undef PROF
+    if (p.ht) {
+#pragma unroll
+        for (int i = 0; i < SMT; i++)
+#pragma unroll
+            for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int kr = s_row0(i) + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
+                    if (kr < p.K && vc < p.V) p.ht[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] = st[i][nt][e];
+                }
+    }
+}
+
+/* ---- host side ---- */
+
+template <typename Kern>
+cudaError_t smem_attr(Kern k, int bytes, bool *done) {   /* host-side only: capture-safe */
+    if (*done) return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) *done = true;
+    return e;
+}
+
+template <int KT, int BV, typename E>
+cudaError_t launch(const ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
+    static bool a1 = false, a2 = false;
+    cudaError_t e = smem_attr(chunk_prep_kernel<KT, E>, PrepSmem<KT>::bytes, &a1);
+    if (e == cudaSuccess) e = smem_attr(chunk_state_kernel<KT, BV, E>, StateSmem<KT, BV>::bytes, &a2);
+    if (e != cudaSuccess) return e;
+    if (maxch > 0) chunk_prep_kernel<KT, E><<<(unsigned)(N * p.H * maxch), PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
+    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.HV * p.nvb), ST, StateSmem<KT, BV>::bytes, st>>>(p, ws);
+    return cudaGetLastError();
+}
+
+template <typename E>
+cudaError_t launch_k(ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
+    if (p.K <= 64) { p.nvb = (p.V + 127) / 128; return launch<64, 128, E>(p, N, maxch, ws, st); }
+    if (p.K <= 128) { p.nvb = (p.V + 127) / 128; return launch<128, 128, E>(p, N, maxch, ws, st); }
+    p.nvb = (p.V + 63) / 64;
+    return launch<256, 64, E>(p, N, maxch, ws, st);
+}
+
+}  // namespace
+
+extern "C" size_t gdn_cuda_chunk_fwd_ws(const gdn_plan *pl) {
+    const gdn_config *c = &pl->c;
+    if (c->dtype == GDN_F32) return 0;
+    return (size_t)(c->B * c->T / CC + pl->N + 1) * c->HV * REC;
+}
+
+extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, void *stream) {
+    const gdn_config *c = &pl->c;
+    if (c->dtype == GDN_F32) return gdn_cuda_recurrent_fwd(pl, a, stream);
+    if (pl->N * c->HV == 0) return GDN_OK;
+    ChunkArgs p;
+    p.q = a->q; p.k = a->k; p.v = a->v; p.g = a->g; p.beta = a->beta;
+    p.A_log = a->A_log; p.dt_bias = a->dt_bias; p.h0 = a->h0; p.o = a->o; p.ht = a->ht;
+    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
+    p.rstd_q = sl.rstd_q; p.rstd_k = sl.rstd_k;
+    p.cu = c->cu_seqlens_dev; p.T = c->T;
+    p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
+    p.scale = c->scale; p.flags = c->flags;
+    const int maxch = (int)((pl->max_len + CC - 1) / CC);
+    cudaStream_t st = (cudaStream_t)stream;
+    const cudaError_t e = c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, pl->N, maxch, (char *)ws, st)
+                                               : launch_k<__half>(p, pl->N, maxch, (char *)ws, st);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}

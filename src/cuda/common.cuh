@@ -39,13 +39,14 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return warp_sum(v);
 }
 
-/* x[0..n) *= rsqrt(sum x^2 + 1e-6), x in shared memory */
-__device__ __forceinline__ void l2norm_shared(float *x, int n, float *red) {
+/* x[0..n) *= rsqrt(sum x^2 + 1e-6), x in shared memory; returns the rstd */
+__device__ __forceinline__ float l2norm_shared(float *x, int n, float *red) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
     const float r = rsqrtf(block_sum(ss, red) + 1e-6f);
     for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] *= r;
     __syncthreads();
+    return r;
 }
 
 }  // namespace gdn

@@ -14,7 +14,7 @@ struct RecArgs {
     const void *q, *k, *v, *g, *beta;
     const float *A_log, *dt_bias, *h0;
     void *o;
-    float *ht;
+    float *ht, *rstd_q, *rstd_k;   /* rstd kept for backward (chunk forward on f32), or NULL */
     const int64_t *cu;
     int64_t T;
     int H, HV, K, V, dt, gdt;
@@ -44,7 +44,10 @@ __global__ void recurrent_kernel(RecArgs p) {
             k[i] = gdn::ld(p.k, (r * p.H + h) * p.K + i, p.dt);
         }
         __syncthreads();
-        if (p.flags & GDN_QK_L2NORM) { gdn::l2norm_shared(q, p.K, red); gdn::l2norm_shared(k, p.K, red); }
+        if (p.flags & GDN_QK_L2NORM) {
+            const float rq = gdn::l2norm_shared(q, p.K, red), rk = gdn::l2norm_shared(k, p.K, red);
+            if (p.rstd_q && j % (p.HV / p.H) == 0 && threadIdx.x == 0) { p.rstd_q[r * p.H + h] = rq; p.rstd_k[r * p.H + h] = rk; }
+        }
         float g = p.g ? gdn::ld(p.g, r * p.HV + j, p.gdt) : 0.f;
         if (p.flags & GDN_GATE_FUSED) g = A * gdn::softplus(g + bias);
         float beta = gdn::ld(p.beta, r * p.HV + j, p.gdt);
@@ -82,6 +85,8 @@ extern "C" gdn_status gdn_cuda_recurrent_fwd(const gdn_plan *pl, const gdn_fwd_a
     RecArgs p;
     p.q = a->q; p.k = a->k; p.v = a->v; p.g = a->g; p.beta = a->beta;
     p.A_log = a->A_log; p.dt_bias = a->dt_bias; p.h0 = a->h0; p.o = a->o; p.ht = a->ht;
+    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);   /* NULL for the recurrent call */
+    p.rstd_q = sl.rstd_q; p.rstd_k = sl.rstd_k;
     p.cu = c->cu_seqlens_dev; p.T = c->T;
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
     p.scale = c->scale; p.flags = c->flags;
