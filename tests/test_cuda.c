@@ -26,7 +26,7 @@ static const gdn_exec cuda_ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
 
 /* recurrent or chunk forward on the device vs the float64 reference; the
  * chunk forward's saved rstd vs rstd formed in double */
-static void fwd_case(int chunk, int64_t B, int64_t T, int H, int HV, int K, int V, const int64_t *lens, int nseq,
+static void fwd_case(int chunk, int split, int64_t B, int64_t T, int H, int HV, int K, int V, const int64_t *lens, int nseq,
                      gdn_dtype dt, unsigned flags, int with_h0, uint64_t seed) {
     rng r;
     rng_seed(&r, seed);
@@ -34,8 +34,10 @@ static void fwd_case(int chunk, int64_t B, int64_t T, int H, int HV, int K, int 
     flags_str(flags, fl, sizeof fl);
     int64_t cu[17] = {0};
     if (nseq) { B = 1; T = 0; for (int i = 0; i < nseq; i++) { T += lens[i]; cu[i + 1] = T; } }
-    snprintf(ctx, sizeof ctx, "op=%s backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s flags=%s h0=%d seed=%llu",
-             chunk ? "chunk_fwd" : "recurrent_fwd", (long long)B, (long long)T, H, HV, K, V, nseq, t_dtype_name(dt), fl, with_h0, (unsigned long long)seed);
+    gdn_exec ex = cuda_ex;
+    ex.seq_split = split;
+    snprintf(ctx, sizeof ctx, "op=%s seq_split=%d backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s flags=%s h0=%d seed=%llu",
+             chunk ? "chunk_fwd" : "recurrent_fwd", split, (long long)B, (long long)T, H, HV, K, V, nseq, t_dtype_name(dt), fl, with_h0, (unsigned long long)seed);
     const int64_t N = nseq ? nseq : B;
     const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
                  ns = (size_t)N * HV * K * V, dsz = t_dsize(dt);
@@ -67,13 +69,13 @@ static void fwd_case(int chunk, int64_t B, int64_t T, int H, int HV, int K, int 
     if (nseq) c.cu_seqlens_dev = dcu;
     gdn_fwd_args a = {.q = dq, .k = dk, .v = dv, .g = dg, .beta = db, .A_log = dA, .dt_bias = ddt,
                       .h0 = with_h0 ? dh0 : NULL, .o = dO, .ht = dht};
-    const size_t sv = gdn_chunk_saved_size(&c), nws = gdn_chunk_fwd_workspace_size(&cuda_ex, &c);
+    const size_t sv = gdn_chunk_saved_size(&c), nws = gdn_chunk_fwd_workspace_size(&ex, &c);
     float *saved = t_alloc(sv + 4);
     t_poison_nan(GDN_F32, saved, sv / 4);
     void *dsv = dev_put(saved, sv), *dws = NULL;
     if (cudaMalloc(&dws, nws + 4) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); exit(1); }
     if (chunk) { a.saved = dsv; a.saved_bytes = sv; a.workspace = dws; a.workspace_bytes = nws; }
-    const gdn_status s = chunk ? gdn_chunk_fwd(&cuda_ex, &c, &a) : gdn_recurrent_fwd(&cuda_ex, &c, &a);
+    const gdn_status s = chunk ? gdn_chunk_fwd(&ex, &c, &a) : gdn_recurrent_fwd(&ex, &c, &a);
     const cudaError_t e = cudaDeviceSynchronize();
     if (check(s == GDN_OK && e == cudaSuccess, ctx, "status %s (%s), cuda %s", gdn_status_string(s), gdn_last_error(),
               cudaGetErrorString(e))) {
@@ -178,9 +180,9 @@ void test_cuda(void) {
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
         for (int fi = 0; fi < 5; fi++) {
             const gdn_dtype dt = dts[(si + fi) % 3];
-            fwd_case(0, 2, Ts[(si + fi) % 6], shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], NULL, 0, dt,
+            fwd_case(0, 0, 2, Ts[(si + fi) % 6], shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], NULL, 0, dt,
                      fsets[fi], fi != 2, rng_u64(&r));
-            if (fi == 1) fwd_case(0, 1, 0, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], lens, 7, dt,
+            if (fi == 1) fwd_case(0, 0, 1, 0, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], lens, 7, dt,
                                   fsets[fi], 1, rng_u64(&r));
         }
     /* chunk forward: every shape, flag set and dtype (f32 takes the recurrent
@@ -194,10 +196,20 @@ void test_cuda(void) {
             for (int di = 0; di < 3; di++) {
                 const int *sh = cshapes[si];
                 if (di == 0 && fi > 1) continue;   /* f32 is the recurrent kernel, tested above */
-                fwd_case(1, 2, cTs[(si + fi + di) % 8], sh[0], sh[1], sh[2], sh[3], NULL, 0, dts[di], fsets[fi], fi != 2,
+                fwd_case(1, 0, 2, cTs[(si + fi + di) % 8], sh[0], sh[1], sh[2], sh[3], NULL, 0, dts[di], fsets[fi], fi != 2,
                          rng_u64(&r));
-                if (fi == 1) fwd_case(1, 1, 0, sh[0], sh[1], sh[2], sh[3], clens, 8, dts[di], fsets[fi], 1, rng_u64(&r));
+                if (fi == 1) fwd_case(1, 0, 1, 0, sh[0], sh[1], sh[2], sh[3], clens, 8, dts[di], fsets[fi], 1, rng_u64(&r));
             }
+    /* sequences split across blocks (DESIGN §8): forced segment counts, with
+     * and without h0, varlen, both state layouts */
+    const int splits[] = {2, 3, 5};
+    for (size_t si = 0; si < sizeof cshapes / sizeof *cshapes; si++)
+        for (int k = 0; k < 3; k++) {
+            const int *sh = cshapes[si];
+            const unsigned f = fsets[(si + k) % 5];
+            fwd_case(1, splits[k], 1, 300 + 97 * k, sh[0], sh[1], sh[2], sh[3], NULL, 0, dts[1 + (k & 1)], f, k != 1, rng_u64(&r));
+            if (k == 0) fwd_case(1, 4, 1, 0, sh[0], sh[1], sh[2], sh[3], clens, 8, GDN_BF16, f, 1, rng_u64(&r));
+        }
     /* few rows take the warp-per-columns kernel, many rows (here 300 x 8 heads x 2
      * column groups) the 4-warp one, K = 256 always the 4-warp one */
     const int dshapes[][5] = {{1, 16, 32, 128, 128}, {5, 2, 4, 24, 40}, {7, 1, 3, 64, 64}, {33, 2, 2, 256, 17},

@@ -38,6 +38,13 @@ struct ChunkArgs {
     int H, HV, K, V, G, gdt, nvb;
     float scale;
     unsigned flags;
+    /* sequence split (DESIGN §8): sc chunks per segment (0 = whole
+     * sequences), maxseg segments at most per sequence; pass 0 = whole,
+     * 1 = each segment's map from a zero state (P and S_loc), 3 = each
+     * segment from its true incoming state; nvb_v column blocks of V (pass 1
+     * adds blocks for the columns of P) */
+    int sc, maxseg, nvb_v, pass;
+    float *seg_s, *seg_p, *seg_in;   /* [segment slot][HV] x (K x V, K x K, K x V), k-first */
 };
 
 /* ---- tensor-core primitives ---- */
@@ -332,9 +339,11 @@ constexpr int ST = 512;   /* state kernel threads */
 
 template <int KT, int BV> struct StateSmem {
     static constexpr int LK = KT + 8, LV = BV + 8, LC = CC + 8;
-    static constexpr int q = 0, k0 = q + CC * LK * 2, k1 = k0 + CC * LK * 2, v = k1 + CC * LK * 2;
-    static constexpr int s = v + CC * LV * 2, p = s + KT * LV * 2, t = p + CC * LC * 2, r = t + CC * LC * 2;
-    static constexpr int u = r + CC * LV * 2, ud = u + CC * LV * 2, f = ud + CC * LV * 2;   /* f: 2 x (gc, bt, rk) */
+    static constexpr bool K2 = KT <= 128;   /* K double-buffered (prefetched); at K = 256 there is no room */
+    static constexpr int q = 0, k0 = q + CC * LK * 2, k1 = K2 ? k0 + CC * LK * 2 : k0, v = k1 + CC * LK * 2;
+    static constexpr int s = v + CC * LV * 2, sl = s + KT * LV * 2, p = sl + KT * LV * 2, t = p + CC * LC * 2;
+    static constexpr int r = t + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2, udl = ud + CC * LV * 2;
+    static constexpr int f = udl + CC * LV * 2;   /* f: 2 x (gc, bt, rk) */
     static constexpr int bytes = f + 2 * 3 * CC * 4;
 };
 
@@ -348,23 +357,33 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     E *Ps = reinterpret_cast<E *>(sm + S::p), *Ts = reinterpret_cast<E *>(sm + S::t), *Rs = reinterpret_cast<E *>(sm + S::r);
     E *Us = reinterpret_cast<E *>(sm + S::u), *Ud = reinterpret_cast<E *>(sm + S::ud);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3, rb = w & 3, cg = w >> 2;
-    const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, n = blockIdx.x / (p.nvb * p.HV), h = j / p.G;
+    const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, sg = (blockIdx.x / (p.nvb * p.HV)) % p.maxseg;
+    const int n = blockIdx.x / (p.nvb * p.HV * p.maxseg), h = j / p.G;
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
-    const int nch = (int)((len + CC - 1) / CC);
+    const int nch_all = (int)((len + CC - 1) / CC);
+    const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;   /* chunks [i0, nch) */
+    if (sg > 0 && i0 >= nch) return;
+    const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
+    const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
-    const bool save_rq = p.rstd_q && vb == 0 && j % p.G == 0 && cg == 0;
+    const bool save_rq = p.rstd_q && p.pass != 1 && vb == 0 && j % p.G == 0 && cg == 0;
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
-    const int vcol0 = vb * BV;
+    const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
 
-    auto fetch_qkv = [&](int i) {   /* q, v -> Qs, Vs; k -> K buffer i&1; gc, bt, rk -> f buffer i&1 */
+    auto fetch_k = [&](int i) {   /* k -> K buffer i&1 */
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         E *Kb = reinterpret_cast<E *>(sm + ((i & 1) ? S::k1 : S::k0));
-        load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
         load_rows<KT, S::LK>(Kb, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+    };
+    auto fetch_qkv = [&](int i) {   /* q, v -> Qs, Vs; k (when double-buffered); gc, bt, rk -> f buffer i&1 */
+        const int64_t row0 = bos + (int64_t)i * CC;
+        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+        if (S::K2) fetch_k(i);
         load_rows<BV, S::LV>(Vs, static_cast<const E *>(p.v) + (row0 * p.HV + j) * p.V, (int64_t)p.HV * p.V, c,
-                             p.V - vcol0 < BV ? p.V - vcol0 : BV, vcol0, tid, ST);
+                             pmode ? 0 : p.V - vcol0 < BV ? p.V - vcol0 : BV, vcol0, tid, ST);   /* P: v = 0 */
         const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC + REC_T;
         char *f = sm + S::f + (i & 1) * 3 * CC * 4;
         for (int x = tid; x < 3 * CC * 4 / 16; x += ST) cp16(f + 16 * x, rec + 16 * x, true);
@@ -390,21 +409,33 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kr = s_row0(i) + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
-                st[i][nt][e] = (p.h0 && kr < p.K && vc < p.V)
-                                   ? p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] : 0.f;
+                float x = 0.f;
+                if (kr < p.K && vc < ncols) {
+                    if (p.pass == 1) x = pmode && kr == vc ? 1.f : 0.f;   /* P starts at I, S_loc at 0 */
+                    else if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
+                    else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
+                }
+                st[i][nt][e] = x;
             }
+    /* the state enters products as hi + lo halves (S ~ hi + lo to ~16 bits):
+     * a single bf16 copy costs ~2^-9 relative per chunk, more than the bound allows */
     auto store_state_copy = [&]() {
 #pragma unroll
         for (int i = 0; i < SMT; i++)
 #pragma unroll
             for (int nt = 0; nt < SNT; nt++) {
                 const int kr = s_row0(i) + g, vc = (sn0 + nt) * 8 + 2 * tq;
-                *reinterpret_cast<uint32_t *>(Ss + kr * S::LV + vc) = M::pack(st[i][nt][0], st[i][nt][1]);
-                *reinterpret_cast<uint32_t *>(Ss + (kr + 8) * S::LV + vc) = M::pack(st[i][nt][2], st[i][nt][3]);
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float a = st[i][nt][2 * hf], b = st[i][nt][2 * hf + 1];
+                    const uint32_t hi = M::pack(a, b);
+                    *reinterpret_cast<uint32_t *>(Ss + (kr + 8 * hf) * S::LV + vc) = hi;
+                    *reinterpret_cast<uint32_t *>(Ss + (KT + kr + 8 * hf) * S::LV + vc) = M::pack(a - M::lo(hi), b - M::hi(hi));
+                }
             }
     };
 
-    if (nch > 0) { fetch_qkv(0); fetch_t(0); cp_commit(); }
+    if (i0 < nch) { fetch_qkv(i0); if (!S::K2) fetch_k(i0); fetch_t(i0); cp_commit(); }
     store_state_copy();
 #ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, thread 0 */
     long long prof[5] = {0}, t0_ = clock64();
@@ -412,7 +443,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #else
 #define PROF(k) do { } while (0)
 #endif
-    for (int i = 0; i < nch; i++) {
+    for (int i = i0; i < nch; i++) {
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
@@ -455,12 +486,17 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             ldsm4(ak, frag_a(Ks, S::LK, rb * 16, kk * 16, lane));
 #pragma unroll
             for (int np = 0; np < NTW / 2; np++) {
-                uint32_t bf[4];
+                uint32_t bf[4], bl[4];
                 ldsm4t(bf, frag_bk(Ss, S::LV, kk * 16, cg * CW + np * 16, lane));
+                ldsm4t(bl, frag_bk(Ss, S::LV, KT + kk * 16, cg * CW + np * 16, lane));
                 M::mma(o[2 * np], aq, bf[0], bf[1]);
                 M::mma(o[2 * np + 1], aq, bf[2], bf[3]);
                 M::mma(x[2 * np], ak, bf[0], bf[1]);
                 M::mma(x[2 * np + 1], ak, bf[2], bf[3]);
+                M::mma(o[2 * np], aq, bl[0], bl[1]);
+                M::mma(o[2 * np + 1], aq, bl[2], bl[3]);
+                M::mma(x[2 * np], ak, bl[0], bl[1]);
+                M::mma(x[2 * np + 1], ak, bl[2], bl[3]);
             }
 #pragma unroll
             for (int pb = 0; pb < 1; pb++) {   /* P column block cg, if left of the diagonal */
@@ -534,8 +570,13 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 const int col = cg * CW + a * 8 + 2 * tq;
                 *reinterpret_cast<uint32_t *>(Us + t0 * S::LV + col) = M::pack(u[a][0], u[a][1]);
                 *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(u[a][2], u[a][3]);
-                *reinterpret_cast<uint32_t *>(Ud + t0 * S::LV + col) = M::pack(d0 * u[a][0], d0 * u[a][1]);
-                *reinterpret_cast<uint32_t *>(Ud + t1 * S::LV + col) = M::pack(d1 * u[a][2], d1 * u[a][3]);
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {   /* Ud as hi + lo, as the state */
+                    const float dd = hf ? d1 : d0, a0 = dd * u[a][2 * hf], a1 = dd * u[a][2 * hf + 1];
+                    const uint32_t hi = M::pack(a0, a1);
+                    *reinterpret_cast<uint32_t *>(Ud + (hf ? t1 : t0) * S::LV + col) = hi;
+                    *reinterpret_cast<uint32_t *>(Ud + (CC + (hf ? t1 : t0)) * S::LV + col) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
+                }
             }
         }
         __syncthreads();
@@ -578,18 +619,22 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     ldsm4t(af, frag_at(Ks, S::LK, kk * 16, s_row0(ii), lane));
 #pragma unroll
                     for (int np = 0; np < SNT / 2; np++) {
-                        uint32_t bf[4];
+                        uint32_t bf[4], bl[4];
                         ldsm4t(bf, frag_bk(Ud, S::LV, kk * 16, (sn0 + 2 * np) * 8, lane));
+                        ldsm4t(bl, frag_bk(Ud, S::LV, CC + kk * 16, (sn0 + 2 * np) * 8, lane));
                         M::mma(st[ii][2 * np], af, bf[0], bf[1]);
                         M::mma(st[ii][2 * np + 1], af, bf[2], bf[3]);
+                        M::mma(st[ii][2 * np], af, bl[0], bl[1]);
+                        M::mma(st[ii][2 * np + 1], af, bl[2], bl[3]);
                     }
                 }
             store_state_copy();
         }
         __syncthreads();
         PROF(3);
+        if (!S::K2 && i + 1 < nch) { fetch_k(i + 1); cp_commit(); }   /* K was in use until now */
         /* O rows of this chunk, 16 bytes per thread */
-        for (int x = tid; x < c * (BV / 8); x += ST) {
+        for (int x = tid; x < (p.pass == 1 ? 0 : c) * (BV / 8); x += ST) {
             const int r = x / (BV / 8), c8 = (x % (BV / 8)) * 8, col = vcol0 + c8;
             if (col >= p.V) continue;
             E *dst = static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + col;
@@ -603,12 +648,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         PROF(4);
     }
 #ifdef GDN_CHUNK_PROFILE
-    if (tid == 0 && blockIdx.x == 0 && nch)
-        printf("chunk_state KT=%d: cycles per chunk: wait %lld  A %lld  D %lld  E %lld  store %lld\n", KT, prof[0] / nch,
-               prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch);
+    if (tid == 0 && blockIdx.x == 0 && nch > i0)
+        printf("chunk_state KT=%d: cycles per chunk: wait %lld  A %lld  D %lld  E %lld  store %lld\n", KT, prof[0] / (nch - i0),
+               prof[1] / (nch - i0), prof[2] / (nch - i0), prof[3] / (nch - i0), prof[4] / (nch - i0));
 #endif
 #undef PROF
-    if (p.ht) {
+    /* the final state: ht (the last segment), or the segment's P / S_loc */
+    float *dst = p.pass == 1 ? (pmode ? p.seg_p + (segslot * p.HV + j) * p.K * p.K : p.seg_s + (segslot * p.HV + j) * p.K * p.V)
+                             : nch == nch_all ? p.ht : nullptr;
+    if (dst) {
 #pragma unroll
         for (int i = 0; i < SMT; i++)
 #pragma unroll
@@ -616,12 +664,91 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int kr = s_row0(i) + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
-                    if (kr < p.K && vc < p.V) p.ht[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] = st[i][nt][e];
+                    if (kr >= p.K || vc >= ncols) continue;
+                    const int64_t at = p.pass == 1 ? (int64_t)kr * ncols + vc
+                                                   : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
+                    dst[at] = st[i][nt][e];
                 }
     }
 }
 
+/* ---- the scan over segments: S_in(s + 1) = P_s S_in(s) + S_loc_s, fp32,
+ * block per (sequence, value head, 16 columns of V) ---- */
+constexpr int SCW = 16;
+
+__global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
+    extern __shared__ float sv[];   /* S_in slice [K][SCW], then the next one */
+    float *sn = sv + p.K * SCW;
+    const int nsl = (p.V + SCW - 1) / SCW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % p.HV, n = blockIdx.x / (nsl * p.HV);
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int nseg = (int)(((len + CC - 1) / CC + p.sc - 1) / p.sc);
+    if (nseg <= 1) return;
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
+    const int c = threadIdx.x % SCW, vc = cs * SCW + c;
+    for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW)
+        sv[i * SCW + c] = (p.h0 && vc < p.V)
+                              ? p.h0[((int64_t)n * p.HV + j) * p.K * p.V + (vfirst ? (int64_t)vc * p.K + i : (int64_t)i * p.V + vc)] : 0.f;
+    __syncthreads();
+    for (int s = 0; s + 1 < nseg; s++) {
+        const int64_t slot = bos / ((int64_t)CC * p.sc) + n + s;
+        const float *P = p.seg_p + (slot * p.HV + j) * p.K * p.K, *L = p.seg_s + (slot * p.HV + j) * p.K * p.V;
+        float *out = p.seg_in + ((slot + 1) * p.HV + j) * p.K * p.V;
+        for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) {
+            float acc = vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f;
+            const float *Pi = P + (int64_t)i * p.K;
+#pragma unroll 8
+            for (int k = 0; k < p.K; k++) acc += Pi[k] * sv[k * SCW + c];
+            sn[i * SCW + c] = acc;
+            if (vc < p.V) out[(int64_t)i * p.V + vc] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) sv[i * SCW + c] = sn[i * SCW + c];
+        __syncthreads();
+    }
+}
+
 /* ---- host side ---- */
+
+int sm_count() {
+    static int n = 0;
+    if (!n) {
+        int d = 0;
+        if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0)
+            n = 132;
+    }
+    return n;
+}
+
+int bv_of(int K) { return K <= 128 ? 128 : 64; }
+
+/* chunks per segment, 0 = no split: only when the (sequence, head, column
+ * block) blocks would leave most SMs idle, or when asked (exec.seq_split) */
+int seg_chunks(const gdn_plan *pl) {
+    const gdn_config *c = &pl->c;
+    const int64_t maxch = (pl->max_len + CC - 1) / CC, blocks = pl->N * c->HV * ((c->V + bv_of(c->K) - 1) / bv_of(c->K));
+    int64_t want;
+    if (pl->seq_split == 1 || maxch < 2) return 0;
+    if (pl->seq_split > 1) want = pl->seq_split;
+    else {
+        if (2 * blocks > sm_count() || maxch < 16) return 0;
+        want = sm_count() / blocks;
+    }
+    int64_t sc = (maxch + want - 1) / want;
+    if (pl->seq_split == 0 && sc < 8) sc = 8;
+    return sc >= maxch ? 0 : (int)sc;
+}
+
+struct WsLayout { size_t recs, seg, total; };
+WsLayout ws_layout(const gdn_plan *pl, int sc) {
+    const gdn_config *c = &pl->c;
+    WsLayout l;
+    l.recs = (size_t)(c->B * c->T / CC + pl->N + 1) * c->HV * REC;
+    const size_t nseg = sc ? (size_t)(c->B * c->T / ((int64_t)CC * sc) + pl->N + 1) : 0;
+    l.seg = nseg * c->HV * (size_t)c->K * c->V * 4;   /* each of seg_s, seg_in; seg_p is K x K */
+    l.total = l.recs + 2 * l.seg + nseg * c->HV * (size_t)c->K * c->K * 4;
+    return l;
+}
 
 template <typename Kern>
 cudaError_t smem_attr(Kern k, int bytes, bool *done) {   /* host-side only: capture-safe */
@@ -632,30 +759,39 @@ cudaError_t smem_attr(Kern k, int bytes, bool *done) {   /* host-side only: capt
 }
 
 template <int KT, int BV, typename E>
-cudaError_t launch(const ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
+cudaError_t launch(ChunkArgs p, int64_t N, int maxch, char *ws, cudaStream_t st) {
     static bool a1 = false, a2 = false;
     cudaError_t e = smem_attr(chunk_prep_kernel<KT, E>, PrepSmem<KT>::bytes, &a1);
     if (e == cudaSuccess) e = smem_attr(chunk_state_kernel<KT, BV, E>, StateSmem<KT, BV>::bytes, &a2);
     if (e != cudaSuccess) return e;
+    const int smem = StateSmem<KT, BV>::bytes;
+    p.nvb_v = (p.V + BV - 1) / BV;
     if (maxch > 0) chunk_prep_kernel<KT, E><<<(unsigned)(N * p.H * maxch), PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
-    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.HV * p.nvb), ST, StateSmem<KT, BV>::bytes, st>>>(p, ws);
+    if (!p.sc) {
+        p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
+        chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.HV * p.nvb), ST, smem, st>>>(p, ws);
+        return cudaGetLastError();
+    }
+    p.maxseg = (maxch + p.sc - 1) / p.sc;
+    p.pass = 1; p.nvb = p.nvb_v + (p.K + BV - 1) / BV;
+    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws);
+    seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), 256, 2 * p.K * SCW * sizeof(float), st>>>(p);
+    p.pass = 3; p.nvb = p.nvb_v;
+    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws);
     return cudaGetLastError();
 }
 
 template <typename E>
-cudaError_t launch_k(ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
-    if (p.K <= 64) { p.nvb = (p.V + 127) / 128; return launch<64, 128, E>(p, N, maxch, ws, st); }
-    if (p.K <= 128) { p.nvb = (p.V + 127) / 128; return launch<128, 128, E>(p, N, maxch, ws, st); }
-    p.nvb = (p.V + 63) / 64;
+cudaError_t launch_k(const ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
+    if (p.K <= 64) return launch<64, 128, E>(p, N, maxch, ws, st);
+    if (p.K <= 128) return launch<128, 128, E>(p, N, maxch, ws, st);
     return launch<256, 64, E>(p, N, maxch, ws, st);
 }
 
 }  // namespace
 
 extern "C" size_t gdn_cuda_chunk_fwd_ws(const gdn_plan *pl) {
-    const gdn_config *c = &pl->c;
-    if (c->dtype == GDN_F32) return 0;
-    return (size_t)(c->B * c->T / CC + pl->N + 1) * c->HV * REC;
+    return pl->c.dtype == GDN_F32 ? 0 : ws_layout(pl, seg_chunks(pl)).total;
 }
 
 extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, void *stream) {
@@ -671,6 +807,11 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
     p.scale = c->scale; p.flags = c->flags;
     const int maxch = (int)((pl->max_len + CC - 1) / CC);
+    p.sc = seg_chunks(pl);
+    const WsLayout wl = ws_layout(pl, p.sc);
+    p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
+    p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
+    p.seg_p = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + 2 * wl.seg);
     cudaStream_t st = (cudaStream_t)stream;
     const cudaError_t e = c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, pl->N, maxch, (char *)ws, st)
                                                : launch_k<__half>(p, pl->N, maxch, (char *)ws, st);
