@@ -63,6 +63,7 @@ typedef struct opts {
     int reps, warmup;
     int reps_set, T_set, B_set;
     gdn_backend backend;
+    int backend_set;
     int json, quick;
     uint64_t seed;
     int decode_B;               /* rows of the decode step */
@@ -127,7 +128,8 @@ static void usage(FILE *f) {
 "  --no-beta-sigmoid  beta is given directly (no in-kernel sigmoid)\n"
 "  --v-first          states h0, ht are [N,HV,V,K] instead of [N,HV,K,V]\n"
 "execution\n"
-"  --backend cpu|cuda where the ops run (default cpu)\n"
+"  --backend cpu|cuda where the ops run (default: cuda when a device is visible, else cpu;\n"
+"                     ops the backend does not have are listed as skipped)\n"
 "  --threads N        CPU threads, 0 = OpenMP's default (default 0)\n"
 "  --seq-split N      chunk path: segments per sequence, 0 = automatic, 1 = never\n"
 "  --reps N           timed runs, the median is reported (default 5)\n"
@@ -263,6 +265,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(name, "--decode-B")) { rc = parse_int(name, val, 1, 1 << 20, &x); o->decode_B = (int)x; }
         else if (!strcmp(name, "--ops")) rc = parse_ops(val, &o->ops);
         else if (!strcmp(name, "--backend")) {
+            o->backend_set = 1;
             if (!strcmp(val, "cpu")) o->backend = GDN_BACKEND_CPU;
             else if (!strcmp(val, "cuda")) o->backend = GDN_BACKEND_CUDA;
             else rc = bad("--backend: '%s' is not one of cpu, cuda%s", val, "");
@@ -1372,7 +1375,7 @@ static void print_table(const opts *o, const gdn_config *full, const gdn_config 
         const result *r = &res[i];
         if (r->status != GDN_OK) {
             printf("%-17s %-7s %-28s %10s %9s %8s %9s %7.0e %-4s %s: %s\n", op_name[r->op], be->name, r->shape, "-",
-                   "-", "-", "-", r->bound, "FAIL", gdn_status_string(r->status), r->message);
+                   "-", "-", "-", r->bound, r->ok ? "skip" : "FAIL", gdn_status_string(r->status), r->message);
             continue;
         }
         char err[32], gf[32];
@@ -1385,7 +1388,11 @@ static void print_table(const opts *o, const gdn_config *full, const gdn_config 
         if (!r->ok) printf(" (%s)", r->worst);
         printf("\n");
     }
-    printf("\n%s\n", all_ok ? "all within bounds" : "FAILED: an error is over its bound or a call failed");
+    int skipped = 0;
+    for (int i = 0; i < nres; i++) skipped += res[i].status == GDN_ERR_UNSUPPORTED;
+    printf("\n%s", all_ok ? "all within bounds" : "FAILED: an error is over its bound or a call failed");
+    if (skipped) printf(" (%d op%s not on the %s backend: skipped)", skipped, skipped > 1 ? "s" : "", be->name);
+    printf("\n");
 }
 
 /* ---- main ------------------------------------------------------------------ */
@@ -1396,6 +1403,9 @@ int main(int argc, char **argv) {
     if (prc == -1) return 0;
     if (prc) return prc;
 
+#ifdef GDN_CLI_CUDA
+    if (!o.backend_set && gdn_backend_available(GDN_BACKEND_CUDA)) o.backend = GDN_BACKEND_CUDA;   /* the GPU when present */
+#endif
     if (o.backend == GDN_BACKEND_CUDA) {
         if (!gdn_backend_available(GDN_BACKEND_CUDA)) {
             fprintf(stderr, "gdn: the CUDA backend is not available: this libgdn was built without it, or no "
@@ -1543,7 +1553,7 @@ int main(int argc, char **argv) {
         if (x->status == GDN_OK) x->status = time_op(op, &full, o.warmup, o.reps, &x->ms);
         if (x->status != GDN_OK) {
             snprintf(x->message, sizeof x->message, "%s", gdn_last_error());
-            x->ok = 0;
+            x->ok = x->status == GDN_ERR_UNSUPPORTED;   /* not on this backend: skipped, not failed */
         } else {
             const double s = x->ms * 1e-3;
             x->gflops = s > 0 ? op_flops(op, &full) / s * 1e-9 : 0;
