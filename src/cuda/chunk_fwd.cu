@@ -195,10 +195,11 @@ __device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int 
  * once and the latency-bound inverse hides behind other blocks ---- */
 constexpr int PT = 128;   /* prep threads */
 
-template <int KT> struct PrepSmem {
+template <int KT> struct PrepSmem {   /* T lies over K where it fits: K is dead once K K^T is in registers */
     static constexpr int LK = KT + 8;
-    static constexpr int k = 0, a = k + CC * LK * 2, t = a + CC * AF * 4, y = t + CC * AF * 4, f = y + 4 * 128 * 4;
-    static constexpr int bytes = f + 3 * CC * 4;
+    static constexpr bool TK = CC * AF * 4 <= CC * LK * 2;
+    static constexpr int k = 0, a = k + CC * LK * 2, t = TK ? k : a + CC * AF * 4, y = a + (TK ? 1 : 2) * CC * AF * 4;
+    static constexpr int f = y + 4 * 128 * 4, bytes = f + 3 * CC * 4;
 };
 
 template <int KT, typename E>
@@ -365,6 +366,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;   /* chunks [i0, nch) */
     if (sg > 0 && i0 >= nch) return;
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
+    const bool want_o = p.pass != 1;                    /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const bool save_rq = p.rstd_q && p.pass != 1 && vb == 0 && j % p.G == 0 && cg == 0;
@@ -489,19 +491,21 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 uint32_t bf[4], bl[4];
                 ldsm4t(bf, frag_bk(Ss, S::LV, kk * 16, cg * CW + np * 16, lane));
                 ldsm4t(bl, frag_bk(Ss, S::LV, KT + kk * 16, cg * CW + np * 16, lane));
-                M::mma(o[2 * np], aq, bf[0], bf[1]);
-                M::mma(o[2 * np + 1], aq, bf[2], bf[3]);
+                if (want_o) {
+                    M::mma(o[2 * np], aq, bf[0], bf[1]);
+                    M::mma(o[2 * np + 1], aq, bf[2], bf[3]);
+                    M::mma(o[2 * np], aq, bl[0], bl[1]);
+                    M::mma(o[2 * np + 1], aq, bl[2], bl[3]);
+                }
                 M::mma(x[2 * np], ak, bf[0], bf[1]);
                 M::mma(x[2 * np + 1], ak, bf[2], bf[3]);
-                M::mma(o[2 * np], aq, bl[0], bl[1]);
-                M::mma(o[2 * np + 1], aq, bl[2], bl[3]);
                 M::mma(x[2 * np], ak, bl[0], bl[1]);
                 M::mma(x[2 * np + 1], ak, bl[2], bl[3]);
             }
 #pragma unroll
             for (int pb = 0; pb < 1; pb++) {   /* P column block cg, if left of the diagonal */
                 const int np = cg;
-                if (np <= rb) {
+                if (want_o && np <= rb) {
                     uint32_t bf[4];
                     ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
                     M::mma(pa[pb][0], aq, bf[0], bf[1]);
@@ -586,7 +590,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         /* ---- E: O += P U (staged in Rs); S = exp(gL) S + K^T Ud ---- */
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
-            if (kk <= rb) {
+            if (want_o && kk <= rb) {
                 uint32_t af[4];
                 ldsm4(af, frag_a(Ps, S::LC, rb * 16, kk * 16, lane));
 #pragma unroll
