@@ -336,7 +336,11 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
  * chunk's q, v, k (double-buffered) and record are fetched with cp.async
  * while this one computes. q and k stay raw: their rstd scale rows and
  * columns of the products instead. ---- */
-constexpr int ST = 512;   /* state kernel threads */
+#ifndef GDN_STATE_WARPS
+#define GDN_STATE_WARPS 16
+#endif
+constexpr int ST = 32 * GDN_STATE_WARPS;   /* state kernel threads: 4 row blocks x NCG column groups */
+constexpr int NCG = GDN_STATE_WARPS / 4;
 
 template <int KT, int BV> struct StateSmem {
     static constexpr int LK = KT + 8, LV = BV + 8, LC = CC + 8;
@@ -352,7 +356,7 @@ template <int KT, int BV, typename E>
 __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const char *ws) {
     using S = StateSmem<KT, BV>;
     using M = mma_traits<E>;
-    constexpr int CW = BV / 4, NTW = CW / 8;   /* columns and n8 tiles per warp for O, R, U */
+    constexpr int CW = BV / NCG, NTW = CW / 8;   /* columns and n8 tiles per warp for O, R, U */
     extern __shared__ __align__(16) char sm[];
     E *Qs = reinterpret_cast<E *>(sm + S::q), *Vs = reinterpret_cast<E *>(sm + S::v), *Ss = reinterpret_cast<E *>(sm + S::s);
     E *Ps = reinterpret_cast<E *>(sm + S::p), *Ts = reinterpret_cast<E *>(sm + S::t), *Rs = reinterpret_cast<E *>(sm + S::r);
@@ -400,7 +404,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 
     /* the state: this warp's tiles of the K x BV slice, fp32: m16 tile w % MT,
      * n8 tiles [sn0, sn0 + SNT) */
-    constexpr int MT = KT / 16, SMT = 1, SNT = (BV / 8) * MT / 16;
+    constexpr int MT = KT / 16, SMT = 1, SNT = (BV / 8) * MT / GDN_STATE_WARPS;
     const int sn0 = (w / MT) * SNT;
     auto s_row0 = [&](int) { return (w % MT) * 16; };
     float st[SMT][SNT][4];
@@ -474,13 +478,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             rq0 = __shfl_sync(0xffffffffu, rs, 2 * g);
             rq1 = __shfl_sync(0xffffffffu, rs, 2 * (g + 8));
         }
-        float o[NTW][4], x[NTW][4], pa[1][2][4];
+        float o[NTW][4], x[NTW][4], pa[4 / NCG][2][4];
 #pragma unroll
         for (int a = 0; a < NTW; a++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[a][e] = x[a][e] = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; e++) pa[0][0][e] = pa[0][1][e] = 0.f;
+        for (int pb = 0; pb < 4 / NCG; pb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pa[pb][0][e] = pa[pb][1][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KT / 16; kk++) {
             uint32_t aq[4], ak[4];
@@ -503,8 +509,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 M::mma(x[2 * np + 1], ak, bl[2], bl[3]);
             }
 #pragma unroll
-            for (int pb = 0; pb < 1; pb++) {   /* P column block cg, if left of the diagonal */
-                const int np = cg;
+            for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb, left of the diagonal */
+                const int np = cg + NCG * pb;
                 if (want_o && np <= rb) {
                     uint32_t bf[4];
                     ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
@@ -528,8 +534,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     M::pack(b1 * (M::lo(v1) - e1 * x[a][2]), b1 * (M::hi(v1) - e1 * x[a][3]));
             }
 #pragma unroll
-            for (int pb = 0; pb < 1; pb++) {
-                const int np = cg;
+            for (int pb = 0; pb < 4 / NCG; pb++) {
+                const int np = cg + NCG * pb;
                 if (np <= rb)
 #pragma unroll
                     for (int hn = 0; hn < 2; hn++) {
