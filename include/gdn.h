@@ -178,6 +178,7 @@ typedef struct gdn_conv1d_config {
     int64_t B, T;
     int D, W;
     const int64_t *cu_seqlens;  /* NULL, or host [num_seqs+1] (B must be 1)   */
+    const int64_t *cu_seqlens_dev; /* CUDA only: the same values in device memory */
     int64_t num_seqs;
     gdn_dtype dtype;            /* x, y, dx, dy                                */
     int silu;                   /* 1: act = SiLU; 0: none                       */
@@ -210,7 +211,9 @@ gdn_status gdn_conv1d_bwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
  * state is [num_slots,D,W]; slots [B] (int32) picks row b's state, -1 = padding
  * (no read, no write, y row = 0); slots NULL means state row b. A slot may
  * repeat: its rows apply in row order, like successive tokens. T and
- * cu_seqlens of cfg are ignored; cfg->B is the number of rows. */
+ * cu_seqlens of cfg are ignored; cfg->B is the number of rows. On CUDA the
+ * slots are device memory and are not checked: a slot outside
+ * [0, num_slots) is treated as padding. */
 gdn_status gdn_conv1d_update(const gdn_exec *ex, const gdn_conv1d_config *cfg, const void *x,
                              const float *weight, const float *bias, float *state,
                              int64_t num_slots, const int32_t *slots, void *y);

@@ -78,7 +78,7 @@ class BwdArgs(Structure):
 
 class Conv1dConfig(Structure):
     _fields_ = [("B", c_int64), ("T", c_int64), ("D", c_int), ("W", c_int), ("cu_seqlens", c_void_p),
-                ("num_seqs", c_int64), ("dtype", _enum), ("silu", c_int)]
+                ("cu_seqlens_dev", c_void_p), ("num_seqs", c_int64), ("dtype", _enum), ("silu", c_int)]
 
 
 class Conv1dArgs(Structure):

@@ -37,7 +37,6 @@ gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, con
         NEED(a->mixed_qkv, " (conv_W is 0)");
     }
     const int on_cuda = gdn_exec_backend(ex) == GDN_BACKEND_CUDA;
-    CHECK(!on_cuda || c->conv_W == 0, GDN_ERR_UNSUPPORTED, "conv_W (%d) > 0 is not on the CUDA backend yet", c->conv_W);
     /* CPU: every slot in range and used once, before anything is touched. CUDA:
      * slots are device memory, read only by the kernel (no host sync), which
      * treats a slot outside -1..num_slots-1 as padding. */

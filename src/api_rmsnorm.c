@@ -3,19 +3,25 @@
  *
  * Pointers: with rows > 0 forward needs x, z, w, y (rstd optional); backward
  * needs x, z, w, dy, dx, dz (rstd optional: NULL = recomputed). Backward
- * always needs dw, which it writes (zeros when rows == 0). */
+ * always needs dw, which it writes (zeros when rows == 0).
+ *
+ * CUDA: the forward (device pointers, gdn_exec.stream); backward is CPU only. */
 #include <math.h>
 #include "internal.h"
 #include "cpu/rmsnorm.h"
+#ifdef GDN_HAVE_CUDA
+#include "cuda/cuda_layer.h"
+#endif
 
 #define CHECK GDN_CHECK
 #define NEED GDN_NEED
 
-static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, int *threads) {
+/* bwd: the backward, which has no CUDA implementation */
+static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, int bwd, int *threads) {
     NEED(c, " (the gdn_rmsnorm_config)");
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
-    GDN_CPU_ONLY(ex, "gated RMSNorm");
+    if (bwd) GDN_CPU_ONLY(ex, "gated RMSNorm backward");
     CHECK(c->rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)c->rows);
     CHECK(c->V >= 1, GDN_ERR_SHAPE, "V (%d) must be >= 1", c->V);
     CHECK((double)c->rows * (double)c->V < 4.0e18, GDN_ERR_SHAPE, "rows * V (%lld * %d) is too large",
@@ -25,17 +31,21 @@ static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, 
     CHECK(isfinite(c->eps) && c->eps > 0.f, GDN_ERR_OPTION, "eps (%g) must be finite and > 0", (double)c->eps);
     CHECK(c->gate == GDN_NORM_GATE_SILU || c->gate == GDN_NORM_GATE_SIGMOID, GDN_ERR_OPTION,
           "gate (%d) is not GDN_NORM_GATE_SILU (0) or GDN_NORM_GATE_SIGMOID (1)", (int)c->gate);
-    CHECK(!ex || ex->backend == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED,
-          "gated RMSNorm has no CUDA implementation yet");
     return GDN_OK;
 }
 
 gdn_status gdn_rmsnorm_gated_fwd(const gdn_exec *ex, const gdn_rmsnorm_config *cfg, const void *x,
                                  const void *z, const float *w, void *y, float *rstd) {
     int th = 1;
-    gdn_status s = check_config(ex, cfg, &th);
+    gdn_status s = check_config(ex, cfg, 0, &th);
     if (s) return s;
     if (cfg->rows > 0) { NEED(x, ""); NEED(z, ""); NEED(w, ""); NEED(y, ""); }
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_rmsnorm_fwd(cfg, x, z, w, y, rstd, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     if (gdn_cpu_rmsnorm_fwd(th, cfg, x, z, w, y, rstd))
         return gdn_fail(GDN_ERR_BACKEND, "out of memory for %d thread(s) x 2 rows of V (%d) floats", th, cfg->V);
     return gdn_ok();
@@ -45,7 +55,7 @@ gdn_status gdn_rmsnorm_gated_bwd(const gdn_exec *ex, const gdn_rmsnorm_config *c
                                  const void *z, const float *w, const float *rstd, const void *dy,
                                  void *dx, void *dz, float *dw) {
     int th = 1;
-    gdn_status s = check_config(ex, cfg, &th);
+    gdn_status s = check_config(ex, cfg, 1, &th);
     if (s) return s;
     if (cfg->rows > 0) {
         NEED(x, ""); NEED(z, ""); NEED(w, ""); NEED(dy, ""); NEED(dx, ""); NEED(dz, "");

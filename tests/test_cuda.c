@@ -226,5 +226,6 @@ void test_cuda(void) {
                 decode_case(dshapes[si][0], dshapes[si][1], dshapes[si][2], dshapes[si][3], dshapes[si][4], dts[di], f,
                             v >= 1, rng_u64(&r));
             }
+    { void test_cuda_layer(void); test_cuda_layer(); }   /* the layer ops (tests/test_cuda_layer.c) */
 }
 #endif

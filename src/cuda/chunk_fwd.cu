@@ -51,6 +51,7 @@ struct ChunkArgs {
 
 template <typename E> struct mma_traits;
 template <> struct mma_traits<__nv_bfloat16> {
+    static constexpr bool split = true;   /* state and Ud as hi + lo: one bf16 rounding (2^-9) is too coarse */
     static __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16_rn(x); }
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
         __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
@@ -65,6 +66,7 @@ template <> struct mma_traits<__nv_bfloat16> {
     static __device__ __forceinline__ float hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
 };
 template <> struct mma_traits<__half> {
+    static constexpr bool split = false;   /* one f16 rounding (2^-12) is enough; hi + lo would not add range */
     static __device__ __forceinline__ __half cvt(float x) { return __float2half_rn(x); }
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
         __half2 h = __floats2half2_rn(a, b);
@@ -336,11 +338,8 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
  * chunk's q, v, k (double-buffered) and record are fetched with cp.async
  * while this one computes. q and k stay raw: their rstd scale rows and
  * columns of the products instead. ---- */
-#ifndef GDN_STATE_WARPS
-#define GDN_STATE_WARPS 16
-#endif
-constexpr int ST = 32 * GDN_STATE_WARPS;   /* state kernel threads: 4 row blocks x NCG column groups */
-constexpr int NCG = GDN_STATE_WARPS / 4;
+constexpr int SW = 16, ST = 32 * SW;   /* state kernel warps, threads: 4 row blocks x NCG column groups */
+constexpr int NCG = SW / 4;
 
 template <int KT, int BV> struct StateSmem {
     static constexpr int LK = KT + 8, LV = BV + 8, LC = CC + 8;
@@ -404,7 +403,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 
     /* the state: this warp's tiles of the K x BV slice, fp32: m16 tile w % MT,
      * n8 tiles [sn0, sn0 + SNT) */
-    constexpr int MT = KT / 16, SMT = 1, SNT = (BV / 8) * MT / GDN_STATE_WARPS;
+    constexpr int MT = KT / 16, SMT = 1, SNT = (BV / 8) * MT / SW;
     const int sn0 = (w / MT) * SNT;
     auto s_row0 = [&](int) { return (w % MT) * 16; };
     float st[SMT][SNT][4];
@@ -436,7 +435,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     const float a = st[i][nt][2 * hf], b = st[i][nt][2 * hf + 1];
                     const uint32_t hi = M::pack(a, b);
                     *reinterpret_cast<uint32_t *>(Ss + (kr + 8 * hf) * S::LV + vc) = hi;
-                    *reinterpret_cast<uint32_t *>(Ss + (KT + kr + 8 * hf) * S::LV + vc) = M::pack(a - M::lo(hi), b - M::hi(hi));
+                    if (M::split)
+                        *reinterpret_cast<uint32_t *>(Ss + (KT + kr + 8 * hf) * S::LV + vc) = M::pack(a - M::lo(hi), b - M::hi(hi));
                 }
             }
     };
@@ -496,17 +496,21 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             for (int np = 0; np < NTW / 2; np++) {
                 uint32_t bf[4], bl[4];
                 ldsm4t(bf, frag_bk(Ss, S::LV, kk * 16, cg * CW + np * 16, lane));
-                ldsm4t(bl, frag_bk(Ss, S::LV, KT + kk * 16, cg * CW + np * 16, lane));
+                if (M::split) ldsm4t(bl, frag_bk(Ss, S::LV, KT + kk * 16, cg * CW + np * 16, lane));
                 if (want_o) {
                     M::mma(o[2 * np], aq, bf[0], bf[1]);
                     M::mma(o[2 * np + 1], aq, bf[2], bf[3]);
-                    M::mma(o[2 * np], aq, bl[0], bl[1]);
-                    M::mma(o[2 * np + 1], aq, bl[2], bl[3]);
+                    if (M::split) {
+                        M::mma(o[2 * np], aq, bl[0], bl[1]);
+                        M::mma(o[2 * np + 1], aq, bl[2], bl[3]);
+                    }
                 }
                 M::mma(x[2 * np], ak, bf[0], bf[1]);
                 M::mma(x[2 * np + 1], ak, bf[2], bf[3]);
-                M::mma(x[2 * np], ak, bl[0], bl[1]);
-                M::mma(x[2 * np + 1], ak, bl[2], bl[3]);
+                if (M::split) {
+                    M::mma(x[2 * np], ak, bl[0], bl[1]);
+                    M::mma(x[2 * np + 1], ak, bl[2], bl[3]);
+                }
             }
 #pragma unroll
             for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb, left of the diagonal */
@@ -585,7 +589,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     const float dd = hf ? d1 : d0, a0 = dd * u[a][2 * hf], a1 = dd * u[a][2 * hf + 1];
                     const uint32_t hi = M::pack(a0, a1);
                     *reinterpret_cast<uint32_t *>(Ud + (hf ? t1 : t0) * S::LV + col) = hi;
-                    *reinterpret_cast<uint32_t *>(Ud + (CC + (hf ? t1 : t0)) * S::LV + col) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
+                    if (M::split)
+                        *reinterpret_cast<uint32_t *>(Ud + (CC + (hf ? t1 : t0)) * S::LV + col) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
                 }
             }
         }
@@ -631,11 +636,13 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     for (int np = 0; np < SNT / 2; np++) {
                         uint32_t bf[4], bl[4];
                         ldsm4t(bf, frag_bk(Ud, S::LV, kk * 16, (sn0 + 2 * np) * 8, lane));
-                        ldsm4t(bl, frag_bk(Ud, S::LV, CC + kk * 16, (sn0 + 2 * np) * 8, lane));
                         M::mma(st[ii][2 * np], af, bf[0], bf[1]);
                         M::mma(st[ii][2 * np + 1], af, bf[2], bf[3]);
-                        M::mma(st[ii][2 * np], af, bl[0], bl[1]);
-                        M::mma(st[ii][2 * np + 1], af, bl[2], bl[3]);
+                        if (M::split) {
+                            ldsm4t(bl, frag_bk(Ud, S::LV, CC + kk * 16, (sn0 + 2 * np) * 8, lane));
+                            M::mma(st[ii][2 * np], af, bl[0], bl[1]);
+                            M::mma(st[ii][2 * np + 1], af, bl[2], bl[3]);
+                        }
                     }
                 }
             store_state_copy();
