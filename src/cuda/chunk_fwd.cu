@@ -1,24 +1,32 @@
 /* CUDA chunk forward on tensor cores (bf16 / f16 inputs; f32 inputs take the
  * exact recurrent kernel, since bf16 products cannot meet the f32 bound).
- *
- * One block per (sequence n, value head j, 64-column slice vb of V) walks the
- * sequence chunk by chunk (C = 64) with its K x 64 slice of the state in fp32
- * registers. Per chunk, with gc the gate's cumsum inside the chunk:
+ * Per chunk of C = 64 tokens, with gc the gate's cumsum inside the chunk and
+ * q, k raw (their rstd scale rows and columns of the products):
  *
  *   A  = strict_tril(diag(beta) K K^T * exp(gc_t - gc_s))   fp32
- *   P  = tril(Q K^T * exp(gc_t - gc_s)) * scale             bf16
  *   T  = (I + A)^-1      16x16 diagonal blocks by substitution, the rest by
  *                        three levels of tf32 block products
+ *   P  = tril(Q K^T * exp(gc_t - gc_s)) * scale
  *   R  = diag(beta) (V - diag(exp gc) K S)                  (the residual first,
  *   U  = T R                                                 as on the CPU)
  *   O  = diag(scale exp gc) Q S + P U
  *   S  = exp(gL) S + K^T diag(exp(gL - gc)) U
  *
- * Every product is mma.sync m16n8k16 with fp32 accumulation from operands in
+ * Two kernels. The prep kernel, one block per (sequence, chunk, q/k head),
+ * forms A and T, which do not depend on the state: the whole grid runs at once
+ * and its latency-bound inverse hides behind other blocks. It leaves T, gc,
+ * beta and the k rstd in a workspace record per (chunk, value head). The state
+ * kernel, one block per (sequence, value head, BV columns of V), walks the
+ * chunks with its K x BV state slice in fp32 registers, fetching the next
+ * chunk's q, k, v and record with cp.async while this one computes.
+ *
+ * Products are mma.sync m16n8k16 with fp32 accumulation from operands in
  * shared memory (ldmatrix; rows padded by 16 bytes so the eight row reads of
- * an 8x8 matrix hit distinct banks). The state takes part in products as a
- * bf16 copy, as in FLA; it is carried in fp32. Two blocks share an SM at
- * K = 128 so one's barriers hide behind the other's products. */
+ * an 8x8 matrix hit distinct banks). With bf16 inputs the state and the
+ * update's U enter as hi + lo halves; a single bf16 rounding is too coarse for
+ * the bound. Long sequences with few heads are split into segments (DESIGN
+ * §8): pass 1 gives each segment's map (P, S_loc), a fp32 scan the incoming
+ * states, pass 3 the outputs. bench/NOTES.md has the versions and numbers. */
 #include <cuda_runtime.h>
 #include "cuda/common.cuh"
 #include "cuda/cuda_backend.h"
