@@ -1,7 +1,9 @@
-/* The CUDA backend on the device: every CUDA op against the float64
- * reference (recurrent forward) or the CPU backend, itself checked against
- * the reference by the other groups (decode step), on fresh random inputs
- * with poisoned outputs. Skipped, and said so, where no device is visible. */
+/* The CUDA backend on the device: the chunk and recurrent forward against
+ * the float64 reference (o, ht and the saved rstd; chunk sequences also split
+ * across blocks), the decode step against the CPU backend, itself checked
+ * against the reference by the other groups; the layer ops in
+ * test_cuda_layer.c. Fresh random inputs, poisoned outputs. Skipped, and said
+ * so, where no device is visible. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
