@@ -206,6 +206,8 @@ static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gd
         CHECK(!a->saved || a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
               a->saved_bytes, sv);
     }
+    CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p->c.cu_seqlens || p->c.cu_seqlens_dev, GDN_ERR_NULL,
+          "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
     return GDN_OK;
 }
 
@@ -216,8 +218,6 @@ gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fw
     if (s) return s;
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
 #ifdef GDN_HAVE_CUDA
-        CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
-              "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
         if ((s = gdn_cuda_chunk_fwd(&p, a, a->workspace, ex->stream))) return s;
         return gdn_ok();
 #endif
@@ -233,8 +233,6 @@ gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gd
     if (s) return s;
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
 #ifdef GDN_HAVE_CUDA
-        CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
-              "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
         gdn_fwd_args ra = *a;
         ra.saved = NULL;   /* ignored by the recurrent call; the CUDA kernel would write rstd there */
         if ((s = gdn_cuda_recurrent_fwd(&p, &ra, ex->stream))) return s;

@@ -68,11 +68,6 @@ static gdn_status check_seq(const gdn_exec *ex, const gdn_conv1d_config *c, int 
     return GDN_OK;
 }
 
-#ifdef GDN_HAVE_CUDA
-/* the device copy of cu_seqlens that the CUDA forward reads */
-static const int64_t *conv_cu_dev(const gdn_conv1d_config *c) { return c->cu_seqlens_dev; }
-#endif
-
 gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, const gdn_conv1d_args *a) {
     int th = 1;
     int64_t N = 0;
@@ -83,10 +78,9 @@ gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
     if (cfg->B * cfg->T > 0) { NEED(a->x, ""); NEED(a->y, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
 #ifdef GDN_HAVE_CUDA
-        const int64_t *cu_dev = conv_cu_dev(cfg);
-        CHECK(!cfg->cu_seqlens || cu_dev, GDN_ERR_NULL,
+        CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
               "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
-        if ((s = gdn_cuda_conv1d_fwd(cfg, N, cu_dev, a, ex->stream))) return s;
+        if ((s = gdn_cuda_conv1d_fwd(cfg, N, cfg->cu_seqlens_dev, a, ex->stream))) return s;
         return gdn_ok();
 #endif
     }

@@ -411,42 +411,37 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 
     /* the state: this warp's tiles of the K x BV slice, fp32: m16 tile w % MT,
      * n8 tiles [sn0, sn0 + SNT) */
-    constexpr int MT = KT / 16, SMT = 1, SNT = (BV / 8) * MT / SW;
-    const int sn0 = (w / MT) * SNT;
-    auto s_row0 = [&](int) { return (w % MT) * 16; };
-    float st[SMT][SNT][4];
+    constexpr int MT = KT / 16, SNT = (BV / 8) * MT / SW;
+    const int sn0 = (w / MT) * SNT, srow = (w % MT) * 16;
+    float st[SNT][4];
 #pragma unroll
-    for (int i = 0; i < SMT; i++)
+    for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
-        for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int kr = s_row0(i) + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
-                float x = 0.f;
-                if (kr < p.K && vc < ncols) {
-                    if (p.pass == 1) x = pmode && kr == vc ? 1.f : 0.f;   /* P starts at I, S_loc at 0 */
-                    else if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
-                    else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
-                }
-                st[i][nt][e] = x;
+        for (int e = 0; e < 4; e++) {
+            const int kr = srow + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
+            float x = 0.f;
+            if (kr < p.K && vc < ncols) {
+                if (p.pass == 1) x = pmode && kr == vc ? 1.f : 0.f;   /* P starts at I, S_loc at 0 */
+                else if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
+                else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
             }
+            st[nt][e] = x;
+        }
     /* the state enters products as hi + lo halves (S ~ hi + lo to ~16 bits):
      * a single bf16 copy costs ~2^-9 relative per chunk, more than the bound allows */
     auto store_state_copy = [&]() {
 #pragma unroll
-        for (int i = 0; i < SMT; i++)
+        for (int nt = 0; nt < SNT; nt++) {
+            const int kr = srow + g, vc = (sn0 + nt) * 8 + 2 * tq;
 #pragma unroll
-            for (int nt = 0; nt < SNT; nt++) {
-                const int kr = s_row0(i) + g, vc = (sn0 + nt) * 8 + 2 * tq;
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float a = st[i][nt][2 * hf], b = st[i][nt][2 * hf + 1];
-                    const uint32_t hi = M::pack(a, b);
-                    *reinterpret_cast<uint32_t *>(Ss + (kr + 8 * hf) * S::LV + vc) = hi;
-                    if (M::split)
-                        *reinterpret_cast<uint32_t *>(Ss + (KT + kr + 8 * hf) * S::LV + vc) = M::pack(a - M::lo(hi), b - M::hi(hi));
-                }
+            for (int hf = 0; hf < 2; hf++) {
+                const float a = st[nt][2 * hf], b = st[nt][2 * hf + 1];
+                const uint32_t hi = M::pack(a, b);
+                *reinterpret_cast<uint32_t *>(Ss + (kr + 8 * hf) * S::LV + vc) = hi;
+                if (M::split)
+                    *reinterpret_cast<uint32_t *>(Ss + (KT + kr + 8 * hf) * S::LV + vc) = M::pack(a - M::lo(hi), b - M::hi(hi));
             }
+        }
     };
 
     if (i0 < nch) { fetch_qkv(i0); if (!S::K2) fetch_k(i0); fetch_t(i0); cp_commit(); }
@@ -629,30 +624,26 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         {
             const float dl = __expf(gL);
 #pragma unroll
-            for (int ii = 0; ii < SMT; ii++)
+            for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
-                for (int nt = 0; nt < SNT; nt++)
+                for (int e = 0; e < 4; e++) st[nt][e] *= dl;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) st[ii][nt][e] *= dl;
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t af[4];
+                ldsm4t(af, frag_at(Ks, S::LK, kk * 16, srow, lane));
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int ii = 0; ii < SMT; ii++) {
-                    uint32_t af[4];
-                    ldsm4t(af, frag_at(Ks, S::LK, kk * 16, s_row0(ii), lane));
-#pragma unroll
-                    for (int np = 0; np < SNT / 2; np++) {
-                        uint32_t bf[4], bl[4];
-                        ldsm4t(bf, frag_bk(Ud, S::LV, kk * 16, (sn0 + 2 * np) * 8, lane));
-                        M::mma(st[ii][2 * np], af, bf[0], bf[1]);
-                        M::mma(st[ii][2 * np + 1], af, bf[2], bf[3]);
-                        if (M::split) {
-                            ldsm4t(bl, frag_bk(Ud, S::LV, CC + kk * 16, (sn0 + 2 * np) * 8, lane));
-                            M::mma(st[ii][2 * np], af, bl[0], bl[1]);
-                            M::mma(st[ii][2 * np + 1], af, bl[2], bl[3]);
-                        }
+                for (int np = 0; np < SNT / 2; np++) {
+                    uint32_t bf[4], bl[4];
+                    ldsm4t(bf, frag_bk(Ud, S::LV, kk * 16, (sn0 + 2 * np) * 8, lane));
+                    M::mma(st[2 * np], af, bf[0], bf[1]);
+                    M::mma(st[2 * np + 1], af, bf[2], bf[3]);
+                    if (M::split) {
+                        ldsm4t(bl, frag_bk(Ud, S::LV, CC + kk * 16, (sn0 + 2 * np) * 8, lane));
+                        M::mma(st[2 * np], af, bl[0], bl[1]);
+                        M::mma(st[2 * np + 1], af, bl[2], bl[3]);
                     }
                 }
+            }
             store_state_copy();
         }
         __syncthreads();
@@ -683,17 +674,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                              : nch == nch_all ? p.ht : nullptr;
     if (dst) {
 #pragma unroll
-        for (int i = 0; i < SMT; i++)
+        for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int kr = s_row0(i) + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
-                    if (kr >= p.K || vc >= ncols) continue;
-                    const int64_t at = p.pass == 1 ? (int64_t)kr * ncols + vc
-                                                   : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
-                    dst[at] = st[i][nt][e];
-                }
+            for (int e = 0; e < 4; e++) {
+                const int kr = srow + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
+                if (kr >= p.K || vc >= ncols) continue;
+                const int64_t at = p.pass == 1 ? (int64_t)kr * ncols + vc
+                                               : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
+                dst[at] = st[nt][e];
+            }
     }
 }
 
