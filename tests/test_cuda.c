@@ -165,6 +165,57 @@ static void decode_case(int B, int H, int HV, int K, int V, gdn_dtype dt, unsign
     free(x); free(ga); free(gb); free(st_cpu); free(st_gpu); free(st0); free(o_cpu); free(o_gpu);
 }
 
+/* chunk forward on the device with bad arguments: the status, a message, and
+ * o, ht and saved byte for byte as they were */
+static void chunk_bad_input(void) {
+    enum { B = 1, T = 100, H = 2, HV = 4, K = 64, V = 64 };
+    const size_t nq = (size_t)B * T * H * K * 2, nv = (size_t)B * T * HV * V * 2, ng = (size_t)B * T * HV * 4,
+                 ns = (size_t)B * HV * K * V * 4;
+    int64_t cu[3] = {0, 40, T};
+    gdn_config c = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = GDN_BF16, .gate_dtype = GDN_F32,
+                    .flags = GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID};
+    gdn_config cv = c;   /* the varlen config asks for its own workspace size */
+    cv.cu_seqlens = cu; cv.num_seqs = 2;
+    const size_t sv = gdn_chunk_saved_size(&c), nws = gdn_chunk_fwd_workspace_size(&cuda_ex, &c),
+                 nwsv = gdn_chunk_fwd_workspace_size(&cuda_ex, &cv);
+    size_t big = nv > ns ? nv : ns;
+    if (nws > big) big = nws;
+    if (nwsv > big) big = nwsv;
+    unsigned char *pat = t_alloc(big), *back = t_alloc(big);
+    memset(pat, 0x5a, big);
+    void *q = dev_put(pat, nq), *k = dev_put(pat, nq), *v = dev_put(pat, nv), *g = dev_put(pat, ng), *b = dev_put(pat, ng),
+         *A = dev_put(pat, 4 * HV), *o = dev_put(pat, nv), *ht = dev_put(pat, ns), *saved = dev_put(pat, sv),
+         *ws = dev_put(pat, nws > nwsv ? nws : nwsv);
+    check(nws > 0, "op=chunk_fwd backend=cuda bad input", "the CUDA workspace size is %zu (the cases below need > 0)", nws);
+    const gdn_fwd_args good = {.q = q, .k = k, .v = v, .g = g, .beta = b, .A_log = A, .o = o, .ht = ht,
+                               .saved = saved, .saved_bytes = sv, .workspace = ws, .workspace_bytes = nws};
+    for (int cs = 0; cs < 5; cs++) {
+        gdn_config cc = c;
+        gdn_fwd_args a = good;
+        gdn_status want = GDN_ERR_NULL;
+        const char *what = "";
+        switch (cs) {
+        case 0: cc = cv; a.workspace_bytes = nwsv; what = "cu_seqlens without cu_seqlens_dev"; break;
+        case 1: a.workspace = NULL; what = "workspace NULL"; break;
+        case 2: a.workspace_bytes = nws - 1; want = GDN_ERR_WORKSPACE; what = "workspace_bytes one short"; break;
+        case 3: a.saved_bytes = sv - 1; want = GDN_ERR_WORKSPACE; what = "saved_bytes one short"; break;
+        default: a.q = NULL; what = "q NULL"; break;
+        }
+        const gdn_status s = gdn_chunk_fwd(&cuda_ex, &cc, &a);
+        cudaDeviceSynchronize();
+        int same = 1;
+        const struct { void *p; size_t n; } outs[3] = {{o, nv}, {ht, ns}, {saved, sv}};
+        for (int i = 0; i < 3; i++) { dev_get(back, outs[i].p, outs[i].n); same &= !memcmp(back, pat, outs[i].n); }
+        char ctx[160];
+        snprintf(ctx, sizeof ctx, "op=chunk_fwd backend=cuda bad input: %s", what);
+        check(s == want && gdn_last_error()[0] && same, ctx, "status %s (want %s), message \"%s\", outputs %s",
+              gdn_status_string(s), gdn_status_string(want), gdn_last_error(), same ? "unchanged" : "WRITTEN");
+    }
+    void *dev[] = {q, k, v, g, b, A, o, ht, saved, ws};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+    free(pat); free(back);
+}
+
 void test_cuda(void) {
     if (!gdn_backend_available(GDN_BACKEND_CUDA)) {
         printf("  cuda: no device visible: skipped\n");
@@ -191,6 +242,7 @@ void test_cuda(void) {
         }
     const int cshapes[][4] = {{1, 1, 16, 16}, {2, 4, 24, 40}, {2, 2, 64, 64}, {1, 2, 128, 128}, {2, 2, 256, 48},
                               {3, 3, 33, 17}, {2, 4, 128, 128}, {1, 1, 256, 256}, {1, 2, 100, 72}};
+    chunk_bad_input();
     /* GDN_TEST_CUDA_CHUNK_ONLY=1: only the chunk forward, on the first shapes
      * (racecheck, which is too slow for the whole group) */
     const size_t nshapes = chunk_only ? 3 : sizeof cshapes / sizeof *cshapes;
