@@ -20,11 +20,12 @@
  * chunks with its K x BV state slice in fp32 registers, fetching the next
  * chunk's q, k, v and record with cp.async while this one computes.
  *
- * Products are mma.sync m16n8k16 with fp32 accumulation from operands in
- * shared memory (ldmatrix; rows padded by 16 bytes so the eight row reads of
- * an 8x8 matrix hit distinct banks). With bf16 inputs the state and the
- * update's U enter as hi + lo halves; a single bf16 rounding is too coarse for
- * the bound. Long sequences with few heads are split into segments (DESIGN
+ * Products accumulate in fp32 on the tensor cores: the state products
+ * (Q S, K S and the state update) are wgmma with the state's copy and Ud in
+ * shared memory, the small chunk-local ones mma.sync from ldmatrix fragments
+ * (rows padded by 16 bytes so the eight row reads of an 8x8 matrix hit
+ * distinct banks). With bf16 inputs the state and the update's U enter as
+ * hi + lo halves; a single bf16 rounding is too coarse for the bound. Long sequences with few heads are split into segments (DESIGN
  * §8): pass 1 gives each segment's map (P, S_loc), a fp32 scan the incoming
  * states, pass 3 the outputs. bench/NOTES.md has the versions and numbers. */
 #include <cuda_runtime.h>
@@ -59,6 +60,7 @@ struct ChunkArgs {
 
 template <typename E> struct mma_traits;
 template <> struct mma_traits<__nv_bfloat16> {
+    static constexpr bool bf = true;
     static constexpr bool split = true;   /* state and Ud as hi + lo: one bf16 rounding (2^-9) is too coarse */
     static __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16_rn(x); }
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -74,6 +76,7 @@ template <> struct mma_traits<__nv_bfloat16> {
     static __device__ __forceinline__ float hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
 };
 template <> struct mma_traits<__half> {
+    static constexpr bool bf = false;
     static constexpr bool split = false;   /* one f16 rounding (2^-12) is enough; hi + lo would not add range */
     static __device__ __forceinline__ __half cvt(float x) { return __float2half_rn(x); }
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -98,6 +101,49 @@ __device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
 __device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
+}
+
+/* wgmma (sm_90a), A from registers (the mma.sync A fragment of the warp's 16
+ * rows), B from shared memory in the blocked no-swizzle layout: 8x8 core
+ * matrices of 128 contiguous bytes, [k % 8][n % 8] inside, core (kc, nc) at
+ * (kc * NC + nc) * 128 bytes for NC = n / 8 cores per row of cores. B is
+ * stored n-contiguous (MN-major, the transpose bit set): the leading byte
+ * offset steps along k (NC * 128), the stride offset along n (128). */
+__device__ __forceinline__ uint64_t wg_desc(const void *p, int nc) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)((nc * 128) >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+}
+/* element offset of (k, n) in that layout */
+__device__ __forceinline__ int blk(int k, int n, int nc) { return ((k >> 3) * nc + (n >> 3)) * 64 + (k & 7) * 8 + (n & 7); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+/* generic-proxy stores to shared memory made visible to the tensor cores' reads */
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+#define WG_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define WG_D16 WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WG_D32 WG_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+               "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_R8 "{%0,%1,%2,%3,%4,%5,%6,%7}"
+#define WG_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_OP(N, T, R, AB) "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " " R ", " AB ", p, 1, 1, 1;\n}\n"
+#define WG_A() "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+/* d[N / 2] += A (64 x 16, this warp's 16 rows in a) B (16 x N at desc) */
+template <int N, bool BF>
+__device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], uint64_t desc) {
+    if constexpr (N == 16) {
+        if constexpr (BF) asm volatile(WG_OP(16, "bf16", WG_R8, "{%8,%9,%10,%11}, %12") : WG_D8 : WG_A());
+        else asm volatile(WG_OP(16, "f16", WG_R8, "{%8,%9,%10,%11}, %12") : WG_D8 : WG_A());
+    } else if constexpr (N == 32) {
+        if constexpr (BF) asm volatile(WG_OP(32, "bf16", WG_R16, "{%16,%17,%18,%19}, %20") : WG_D16 : WG_A());
+        else asm volatile(WG_OP(32, "f16", WG_R16, "{%16,%17,%18,%19}, %20") : WG_D16 : WG_A());
+    } else {
+        static_assert(N == 64, "wgmma_rs: N is 16, 32 or 64");
+        if constexpr (BF) asm volatile(WG_OP(64, "bf16", WG_R32, "{%32,%33,%34,%35}, %36") : WG_D32 : WG_A());
+        else asm volatile(WG_OP(64, "f16", WG_R32, "{%32,%33,%34,%35}, %36") : WG_D32 : WG_A());
+    }
 }
 
 __device__ __forceinline__ uint32_t tf32(float x) {
@@ -341,8 +387,9 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
 }
 
 /* ---- kernel 2: per (sequence, value head, BV columns of V) the state walk.
- * 8 warps; warp w owns rows 16*(w&3) of the chunk and half the columns
- * (w>>2) for O, R and U; the state's tiles are spread over all 8. The next
+ * 16 warps, four warpgroups; warp w owns rows 16*(w&3) of the chunk and the
+ * column group w>>2 (its warpgroup) for O, R and U; each warpgroup holds a
+ * 64-row tile of the state (srow, sn0 below), one wgmma per k step. The next
  * chunk's q, v, k (double-buffered) and record are fetched with cp.async
  * while this one computes. q and k stay raw: their rstd scale rows and
  * columns of the products instead. ---- */
@@ -353,10 +400,13 @@ template <int KT, int BV> struct StateSmem {
     static constexpr int LK = KT + 8, LV = BV + 8, LC = CC + 8;
     static constexpr bool K2 = KT <= 128;   /* K double-buffered (prefetched); at K = 256 there is no room */
     static constexpr int q = 0, k0 = q + CC * LK * 2, k1 = K2 ? k0 + CC * LK * 2 : k0, v = k1 + CC * LK * 2;
-    static constexpr int s = v + CC * LV * 2, sl = s + KT * LV * 2, p = sl + KT * LV * 2, t = p + CC * LC * 2;
-    static constexpr int r = t + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2, udl = ud + CC * LV * 2;
-    static constexpr int f = udl + CC * LV * 2;   /* f: 2 x (gc, bt, rk) */
-    static constexpr int bytes = f + 2 * 3 * CC * 4;
+    /* s: the state's bf16 / f16 copy, hi then lo, blocked for wgmma (KT x BV each);
+     * ud: Ud likewise (CC x BV each) */
+    static constexpr int s = v + CC * LV * 2, p = s + 2 * KT * BV * 2, t = p + CC * LC * 2;
+    static constexpr int r = t + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2;
+    static constexpr int f = ud + 2 * CC * BV * 2;   /* f: 2 x (gc, bt, rk) */
+    static constexpr int rq = f + 2 * 3 * CC * 4;    /* the chunk's q rstd */
+    static constexpr int bytes = rq + CC * 4;
 };
 
 template <int KT, int BV, typename E>
@@ -364,6 +414,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     using S = StateSmem<KT, BV>;
     using M = mma_traits<E>;
     constexpr int CW = BV / NCG, NTW = CW / 8;   /* columns and n8 tiles per warp for O, R, U */
+    constexpr int NCB = BV / 8;                  /* core matrices per row of cores in the blocked copies */
     extern __shared__ __align__(16) char sm[];
     E *Qs = reinterpret_cast<E *>(sm + S::q), *Vs = reinterpret_cast<E *>(sm + S::v), *Ss = reinterpret_cast<E *>(sm + S::s);
     E *Ps = reinterpret_cast<E *>(sm + S::p), *Ts = reinterpret_cast<E *>(sm + S::t), *Rs = reinterpret_cast<E *>(sm + S::r);
@@ -380,7 +431,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     const bool want_o = p.pass != 1;                    /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
-    const bool save_rq = p.rstd_q && p.pass != 1 && vb == 0 && j % p.G == 0 && cg == 0;
+    const bool save_rq = p.rstd_q && p.pass != 1 && vb == 0 && j % p.G == 0;
+    float *rqs = reinterpret_cast<float *>(sm + S::rq);
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
 
@@ -437,17 +489,18 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             for (int hf = 0; hf < 2; hf++) {
                 const float a = st[nt][2 * hf], b = st[nt][2 * hf + 1];
                 const uint32_t hi = M::pack(a, b);
-                *reinterpret_cast<uint32_t *>(Ss + (kr + 8 * hf) * S::LV + vc) = hi;
-                if (M::split)
-                    *reinterpret_cast<uint32_t *>(Ss + (KT + kr + 8 * hf) * S::LV + vc) = M::pack(a - M::lo(hi), b - M::hi(hi));
+                const int at = blk(kr + 8 * hf, vc, NCB);
+                *reinterpret_cast<uint32_t *>(Ss + at) = hi;
+                if (M::split) *reinterpret_cast<uint32_t *>(Ss + KT * BV + at) = M::pack(a - M::lo(hi), b - M::hi(hi));
             }
         }
+        fence_async_smem();
     };
 
     if (i0 < nch) { fetch_qkv(i0); if (!S::K2) fetch_k(i0); fetch_t(i0); cp_commit(); }
     store_state_copy();
 #ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, thread 0 */
-    long long prof[5] = {0}, t0_ = clock64();
+    long long prof[12] = {0}, t0_ = clock64();
 #define PROF(k) do { if (tid == 0) { const long long t1_ = clock64(); prof[k] += t1_ - t0_; t0_ = t1_; } } while (0)
 #else
 #define PROF(k) do { } while (0)
@@ -463,24 +516,28 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const float gL = gc[CC - 1];
         const int t0 = rb * 16 + g, t1 = t0 + 8;   /* this thread's two rows */
 
-        /* ---- A: q rstd; O = Q S, X = K S (sharing the S fragments); P, R ---- */
-        float rq0, rq1;
+        /* ---- A: q rstd; O = Q S, X = K S; P, R ---- */
+        /* q rstd: the 4 warps of row block rb take 4 of its rows each, 8 lanes a
+         * row; shared with the other three through rqs after the products */
         {
-            const int r = rb * 16 + (lane >> 1);
+            const int r = rb * 16 + cg * 4 + (lane >> 3);
             float ss = 0.f;
             if (l2)
-                for (int x = (lane & 1) * (KT / 2); x < (lane & 1) * (KT / 2) + KT / 2; x += 8) {
+                for (int x = (lane & 7) * 8; x < KT; x += 64) {
                     const uint4 v = *reinterpret_cast<const uint4 *>(Qs + r * S::LK + x);
                     const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                     for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
                 }
-            ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
             const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
-            if (save_rq && (lane & 1) == 0 && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
-            rq0 = __shfl_sync(0xffffffffu, rs, 2 * g);
-            rq1 = __shfl_sync(0xffffffffu, rs, 2 * (g + 8));
+            if ((lane & 7) == 0) {
+                rqs[r] = rs;
+                if (save_rq && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
+            }
         }
+        PROF(1);
         float o[NTW][4], x[NTW][4], pa[4 / NCG][2][4];
 #pragma unroll
         for (int a = 0; a < NTW; a++)
@@ -490,42 +547,36 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         for (int pb = 0; pb < 4 / NCG; pb++)
 #pragma unroll
             for (int e = 0; e < 4; e++) pa[pb][0][e] = pa[pb][1][e] = 0.f;
+        /* O and X on the tensor cores asynchronously (warpgroup cg: columns
+         * cg * CW, its warps the row blocks), P by mma.sync meanwhile */
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KT / 16; kk++) {
             uint32_t aq[4], ak[4];
             ldsm4(aq, frag_a(Qs, S::LK, rb * 16, kk * 16, lane));
             ldsm4(ak, frag_a(Ks, S::LK, rb * 16, kk * 16, lane));
+            const uint64_t dh = wg_desc(Ss + blk(kk * 16, cg * CW, NCB), NCB), dl = dh + ((KT * BV * 2) >> 4);
+            /* no branches between the wgmma: a divergent path serialises them
+             * (so pass 1 forms O and P too, and tiles right of the diagonal) */
+            wgmma_rs<CW, M::bf>(&o[0][0], aq, dh);
+            if (M::split) wgmma_rs<CW, M::bf>(&o[0][0], aq, dl);
+            wgmma_rs<CW, M::bf>(&x[0][0], ak, dh);
+            if (M::split) wgmma_rs<CW, M::bf>(&x[0][0], ak, dl);
+            wg_commit();
 #pragma unroll
-            for (int np = 0; np < NTW / 2; np++) {
-                uint32_t bf[4], bl[4];
-                ldsm4t(bf, frag_bk(Ss, S::LV, kk * 16, cg * CW + np * 16, lane));
-                if (M::split) ldsm4t(bl, frag_bk(Ss, S::LV, KT + kk * 16, cg * CW + np * 16, lane));
-                if (want_o) {
-                    M::mma(o[2 * np], aq, bf[0], bf[1]);
-                    M::mma(o[2 * np + 1], aq, bf[2], bf[3]);
-                    if (M::split) {
-                        M::mma(o[2 * np], aq, bl[0], bl[1]);
-                        M::mma(o[2 * np + 1], aq, bl[2], bl[3]);
-                    }
-                }
-                M::mma(x[2 * np], ak, bf[0], bf[1]);
-                M::mma(x[2 * np + 1], ak, bf[2], bf[3]);
-                if (M::split) {
-                    M::mma(x[2 * np], ak, bl[0], bl[1]);
-                    M::mma(x[2 * np + 1], ak, bl[2], bl[3]);
-                }
+            for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb */
+                uint32_t bf[4];
+                ldsm4(bf, frag_bn(Ks, S::LK, (cg + NCG * pb) * 16, kk * 16, lane));
+                M::mma(pa[pb][0], aq, bf[0], bf[1]);
+                M::mma(pa[pb][1], aq, bf[2], bf[3]);
             }
-#pragma unroll
-            for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb, left of the diagonal */
-                const int np = cg + NCG * pb;
-                if (want_o && np <= rb) {
-                    uint32_t bf[4];
-                    ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
-                    M::mma(pa[pb][0], aq, bf[0], bf[1]);
-                    M::mma(pa[pb][1], aq, bf[2], bf[3]);
-                }
-            }
+            wg_wait<1>();   /* at most one k step in flight: its A fragments stay in registers until read */
         }
+        wg_wait<0>();
+        PROF(2);
+        /* the row block's 4 warps (one per warpgroup) have written its rq */
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + rb), "n"(128) : "memory");
+        const float rq0 = rqs[t0], rq1 = rqs[t1];
         {
             const float fo0 = p.scale * rq0 * __expf(gc[t0]), fo1 = p.scale * rq1 * __expf(gc[t1]);
             const float e0 = __expf(gc[t0]) * rk[t0], e1 = __expf(gc[t1]) * rk[t1], b0 = bt[t0], b1 = bt[t1];
@@ -560,8 +611,9 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             }
         }
         __syncthreads();
-        PROF(1);
+        PROF(3);
         if (i + 1 < nch) { fetch_qkv(i + 1); cp_commit(); }   /* Q, V are free; K goes to the other buffer */
+        PROF(4);
 
         /* ---- D: U = T R; Ud = rk exp(gL - gc) U ---- */
         {
@@ -591,14 +643,16 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 for (int hf = 0; hf < 2; hf++) {   /* Ud as hi + lo, as the state */
                     const float dd = hf ? d1 : d0, a0 = dd * u[a][2 * hf], a1 = dd * u[a][2 * hf + 1];
                     const uint32_t hi = M::pack(a0, a1);
-                    *reinterpret_cast<uint32_t *>(Ud + (hf ? t1 : t0) * S::LV + col) = hi;
-                    if (M::split)
-                        *reinterpret_cast<uint32_t *>(Ud + (CC + (hf ? t1 : t0)) * S::LV + col) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
+                    const int at = blk(hf ? t1 : t0, col, NCB);
+                    *reinterpret_cast<uint32_t *>(Ud + at) = hi;
+                    if (M::split) *reinterpret_cast<uint32_t *>(Ud + CC * BV + at) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
                 }
             }
+            fence_async_smem();
         }
+        PROF(5);
         __syncthreads();
-        PROF(2);
+        PROF(6);
         if (i + 1 < nch) { fetch_t(i + 1); cp_commit(); }
 
         /* ---- E: O += P U (staged in Rs); S = exp(gL) S + K^T Ud ---- */
@@ -627,27 +681,26 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) st[nt][e] *= dl;
+            /* the warpgroup's state tile is 64 rows x SNT n8 tiles: one wgmma per k16 (and half) */
+            wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 uint32_t af[4];
                 ldsm4t(af, frag_at(Ks, S::LK, kk * 16, srow, lane));
-#pragma unroll
-                for (int np = 0; np < SNT / 2; np++) {
-                    uint32_t bf[4], bl[4];
-                    ldsm4t(bf, frag_bk(Ud, S::LV, kk * 16, (sn0 + 2 * np) * 8, lane));
-                    M::mma(st[2 * np], af, bf[0], bf[1]);
-                    M::mma(st[2 * np + 1], af, bf[2], bf[3]);
-                    if (M::split) {
-                        ldsm4t(bl, frag_bk(Ud, S::LV, CC + kk * 16, (sn0 + 2 * np) * 8, lane));
-                        M::mma(st[2 * np], af, bl[0], bl[1]);
-                        M::mma(st[2 * np + 1], af, bl[2], bl[3]);
-                    }
-                }
+                const uint64_t dh = wg_desc(Ud + blk(kk * 16, sn0 * 8, NCB), NCB);
+                wgmma_rs<SNT * 8, M::bf>(&st[0][0], af, dh);
+                if (M::split) wgmma_rs<SNT * 8, M::bf>(&st[0][0], af, dh + ((CC * BV * 2) >> 4));
+                wg_commit();
+                wg_wait<1>();
             }
+            PROF(7);
+            wg_wait<0>();
+            PROF(8);
             store_state_copy();
+            PROF(9);
         }
         __syncthreads();
-        PROF(3);
+        PROF(10);
         if (!S::K2 && i + 1 < nch) { fetch_k(i + 1); cp_commit(); }   /* K was in use until now */
         /* O rows of this chunk, 16 bytes per thread */
         for (int x = tid; x < (p.pass == 1 ? 0 : c) * (BV / 8); x += ST) {
@@ -661,12 +714,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 for (int e = 0; e < 8 && col + e < p.V; e++) dst[e] = xe[e];
             }
         }
-        PROF(4);
+        PROF(11);
     }
 #ifdef GDN_CHUNK_PROFILE
     if (tid == 0 && blockIdx.x == 0 && nch > i0)
-        printf("chunk_state KT=%d: cycles per chunk: wait %lld  A %lld  D %lld  E %lld  store %lld\n", KT, prof[0] / (nch - i0),
-               prof[1] / (nch - i0), prof[2] / (nch - i0), prof[3] / (nch - i0), prof[4] / (nch - i0));
+        printf("chunk_state KT=%d: cycles per chunk: wait %lld | A: rstd %lld products %lld epilogue %lld | D: fetch %lld U %lld "
+               "sync %lld | E: PU + state issue %lld state wait %lld copy %lld sync %lld | store %lld\n", KT,
+               prof[0] / (nch - i0), prof[1] / (nch - i0), prof[2] / (nch - i0), prof[3] / (nch - i0), prof[4] / (nch - i0),
+               prof[5] / (nch - i0), prof[6] / (nch - i0), prof[7] / (nch - i0), prof[8] / (nch - i0), prof[9] / (nch - i0),
+               prof[10] / (nch - i0), prof[11] / (nch - i0));
 #endif
 #undef PROF
     /* the final state: ht (the last segment), or the segment's P / S_loc */
