@@ -3,22 +3,29 @@
  *     xx[s] = x[bos+s, d] (s >= 0),   h0[n, d, W+s] (-W <= s < 0; 0 without h0)
  *     y[t] = act(bias[d] + sum_{w<W} weight[d,w] xx[t-W+1+w])   (fp32, w ascending)
  *     ht[n, d, j] = xx[L-W+j]                                  (last W inputs, newest last)
- * Forward: a thread owns VEC adjacent channels (16 bytes of x where D and the
- * pointers allow, 8 past W = 4, else 1 channel) and a run of tt consecutive
- * token rows, keeping the weights and the last W-1 inputs in registers; a
- * warp covers 32 adjacent channel vectors of one row, so a row access is one
- * coalesced 512-byte piece, and every input is read once (plus W-1 rows per
- * run, from cache). Loads run U rows ahead of the math. With cu_seqlens a run
- * may cross sequence borders: there the window restarts from the next
- * sequence's h0. ht comes from a second, small kernel after the convolution,
- * so ht may be h0 itself (an in-place state update): no read of h0 can
- * follow a write.
+ * Forward: a thread owns VEC adjacent channels (4; 2 past W = 4; 1 where D
+ * or the x/y alignment do not allow) and a run of tt consecutive token rows
+ * of the flattened [B*T] rows, keeping the weights and the last W-1 inputs in
+ * registers; a warp covers 32 adjacent channel vectors of one row, so a row
+ * access is one coalesced piece, and every input is read once (plus W-1 rows
+ * per run). The op is a stream (W FMAs and a SiLU per element), so its speed
+ * is the bytes in flight per SM: a ring of P raw rows (64 bytes per thread)
+ * is refilled with row i+P as soon as row i leaves it, so loads stay in
+ * flight through the math and the stores, and at most 80 registers let 6
+ * blocks of 128 share an SM (48 KB of loads in flight per SM). Runs are
+ * sized to about four waves of the card's resident threads: long enough that
+ * the W-1 halo rows and the weight loads are a few percent, short enough that
+ * the last wave is small. A run may cross a batch row or (cu_seqlens) a
+ * sequence border: there the window restarts from the next sequence's h0.
+ * ht comes from a second, small kernel after the convolution, so ht may be
+ * h0 itself (an in-place state update): no read of h0 can follow a write.
  * Update: one block per (row, 256 channels), a thread per channel with its
  * state row in registers (16-byte accesses for W = 4, 8); rows that share a
  * slot are applied in row order by the block of the slot's first row, so
  * nothing races and no atomics are needed.
- * Launch bounds name 1 block per SM explicitly: ptxas's own occupancy target
- * spills a few registers in some instances; with this, none spills. */
+ * The update's launch bounds name 1 block per SM explicitly: ptxas's own
+ * occupancy target spills a few registers in some instances; with this, none
+ * spills. */
 #include <cuda_runtime.h>
 #include "cuda/common.cuh"
 #include "cuda/vec.cuh"
@@ -26,7 +33,7 @@
 
 namespace {
 
-enum { FWD_THREADS = 128, UPD_THREADS = 256, U = 4 };
+enum { FWD_THREADS = 128, FWD_MINB = 6, UPD_THREADS = 256 };   /* FWD_MINB: forward blocks per SM (<= 80 registers) */
 
 struct FwdArgs {
     const void *x;
@@ -36,7 +43,7 @@ struct FwdArgs {
     const int64_t *cu;   /* device cu_seqlens, or NULL: sequence n is rows n*T.. */
     int64_t T, R, N;     /* tokens per row (no cu), rows B*T, sequences */
     unsigned ncv;        /* channel vectors per row: D / VEC */
-    unsigned tiles, tpr; /* runs of tt rows: in all; per batch row (no cu) */
+    unsigned tiles;      /* runs of tt rows, in all */
     int D, silu, tt;     /* tt: token rows per thread */
 };
 
@@ -57,87 +64,136 @@ __device__ __forceinline__ void state_in(const FwdArgs &p, int64_t n, int d0, in
     for (int c = 0; c < VEC; c++) v[c] = p.h0 ? p.h0[((n * p.D) + d0 + c) * W + W + s] : 0.f;
 }
 
-/* Run `tile` of tt rows (32-bit indices: the host keeps threads < 2^32).
- * Without cu_seqlens a run never crosses a batch row (tpr runs per row); with
- * them, runs cut the flattened rows and may cross sequence borders. */
+/* SiLU at stream speed: x / (1 + 2^(-x log2 e)) with the approximate exp2
+ * and reciprocal (a few ulp, well inside the f32 bound): 5 instructions
+ * where expf and a denormal-safe divide take 13, over a third of the
+ * forward's issue. For x < -88 it gives -0. */
+__device__ __forceinline__ float silu_fast(float x) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.44269504f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+    return x * r;
+}
+
+/* rows a thread keeps in flight: 64 bytes of x, at most 8 rows */
+__host__ __device__ constexpr int ring_rows(int vec, int es) { return 64 / (vec * es) < 8 ? 64 / (vec * es) : 8; }
+
+/* VEC values of dtype DT as one register-held access R, to / from fp32 */
+template <int DT, int VEC, typename R>
+__device__ __forceinline__ void unpack(R r, float (&v)[VEC]) {
+    if constexpr (DT == 0) {
+        union { R r; float f[VEC]; } u;
+        u.r = r;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = u.f[k];
+    } else {
+        union { R r; unsigned short h[VEC]; } u;
+        u.r = r;
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            v[k] = DT == 1 ? __uint_as_float(static_cast<unsigned>(u.h[k]) << 16) : __half2float(__ushort_as_half(u.h[k]));
+    }
+}
+
+template <int DT, int VEC, typename R>
+__device__ __forceinline__ R pack(const float (&v)[VEC]) {
+    if constexpr (DT == 0) {
+        union { R r; float f[VEC]; } u;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u.f[k] = v[k];
+        return u.r;
+    } else {
+        union { R r; unsigned short h[VEC]; } u;
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            u.h[k] = DT == 1 ? __bfloat16_as_ushort(__float2bfloat16_rn(v[k])) : __half_as_ushort(__float2half_rn(v[k]));
+        return u.r;
+    }
+}
+
+/* Run `tile`: rows t0..t0+len-1 of the flattened rows, channels d0..d0+VEC-1
+ * (32-bit thread ids: the host keeps threads < 2^32). ring[u] holds row i+u
+ * at the top of each group of P rows; row i's slot is refilled with row i+P
+ * right after row i is read from it. */
 template <int DT, int W, int VEC>
-__global__ void __launch_bounds__(FWD_THREADS, 1) conv_fwd_kernel(FwdArgs p) {
-    constexpr int WM = W > 1 ? W - 1 : 1;
-    const unsigned gid = blockIdx.x * FWD_THREADS + threadIdx.x, tile = gid / p.ncv;
+__global__ void __launch_bounds__(FWD_THREADS, FWD_MINB) conv_fwd_kernel(FwdArgs p) {
+    constexpr int WM = W > 1 ? W - 1 : 1, P = ring_rows(VEC, gdn::esize<DT>());
+    typedef typename gdn::raw<gdn::esize<DT>() * VEC>::T R;
+    const unsigned gid = blockIdx.x * FWD_THREADS + threadIdx.x, tile = gid / p.ncv, cv = gid % p.ncv;
     if (tile >= p.tiles) return;
-    const int d0 = (int)(gid % p.ncv) * VEC;
-    int64_t n, bos, eos, t0, t1;
-    if (p.cu) {
-        t0 = (int64_t)tile * p.tt;
-        t1 = min(t0 + (int64_t)p.tt, p.R);
-        seq_of(p, t0, &n, &bos, &eos);
-    } else {
-        n = tile / p.tpr;
-        bos = n * p.T;
-        eos = bos + p.T;
-        t0 = bos + (int64_t)(tile % p.tpr) * p.tt;
-        t1 = min(t0 + (int64_t)p.tt, eos);
-    }
+    const int d0 = (int)cv * VEC;
+    const int64_t t0 = (int64_t)tile * p.tt, ld = p.ncv;   /* ld: the row stride in vectors */
+    const int len = (int)min((int64_t)p.tt, p.R - t0);
+    const R *xr = static_cast<const R *>(p.x) + t0 * ld + cv;
+    R *yp = static_cast<R *>(p.y) + t0 * ld + cv;
+    /* every load of the prologue is issued before any is used */
+    R ring[P], halo[WM];
+#pragma unroll
+    for (int u = 0; u < P; u++)
+        if (u < len) ring[u] = xr[u * ld];
+    int64_t n, bos, eos;
+    if (p.cu) seq_of(p, t0, &n, &bos, &eos);
+    else { n = t0 / p.T; bos = n * p.T; eos = bos + p.T; }
+#pragma unroll
+    for (int j = 0; j < W - 1; j++)
+        if (t0 - (W - 1) + j >= bos) halo[j] = xr[(j - (W - 1)) * ld];
     float wt[W][VEC], bv[VEC];
-    if constexpr (VEC % 4 == 0) {   /* the VEC*W weights are contiguous and 16-byte aligned (weight is): 16-byte loads */
-        float wr[VEC * W];
 #pragma unroll
-        for (int k = 0; k < VEC * W; k += 4) {
-            float v4[4];
-            gdn::ldf<4>(p.w, (int64_t)d0 * W + k, v4);
+    for (int c = 0; c < VEC; c++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) wr[k + e] = v4[e];
-        }
-#pragma unroll
-        for (int c = 0; c < VEC; c++)
-#pragma unroll
-            for (int w = 0; w < W; w++) wt[w][c] = wr[c * W + w];
-    } else {
-#pragma unroll
-        for (int c = 0; c < VEC; c++)
-#pragma unroll
-            for (int w = 0; w < W; w++) wt[w][c] = p.w[(int64_t)(d0 + c) * W + w];
+        for (int w = 0; w < W; w++) wt[w][c] = p.w[(int64_t)(d0 + c) * W + w];
+        bv[c] = p.bias ? p.bias[d0 + c] : 0.f;
     }
-#pragma unroll
-    for (int c = 0; c < VEC; c++) bv[c] = p.bias ? p.bias[d0 + c] : 0.f;
     float win[WM][VEC];   /* xx[t-W+1 .. t-1], oldest first */
 #pragma unroll
     for (int j = 0; j < W - 1; j++) {
         const int64_t s = t0 - (W - 1) + j;
-        if (s >= bos) gdn::ldv<DT, VEC>(p.x, s * p.D + d0, win[j]);
+        if (s >= bos) unpack<DT, VEC>(halo[j], win[j]);
         else state_in<W, VEC>(p, n, d0, s - bos, win[j]);
     }
-    for (int64_t tb = t0; tb < t1; tb += U) {
-        float xv[U][VEC];
+    const R *xn = xr + P * ld;                    /* the next row to load */
+    int nxt = (int)min(eos - t0, (int64_t)len);   /* the run's next sequence start (len: none) */
+    /* row i of the run from its ring slot; border: row i may start a sequence */
+    const auto row = [&](R &slot, int i, bool refill, bool border) {
+        float xv[VEC], z[VEC];
+        unpack<DT, VEC>(slot, xv);
+        if (refill) slot = *xn;
+        xn += ld;
+        if (border && i == nxt) {   /* a new sequence (skipping empty ones), the window from its h0 */
+            const int64_t s0 = eos;
+            do { n++; eos = p.cu ? p.cu[n + 1] : (n + 1) * p.T; } while (eos == s0);
 #pragma unroll
-        for (int u = 0; u < U; u++)
-            if (tb + u < t1) gdn::ldv<DT, VEC>(p.x, (tb + u) * p.D + d0, xv[u]);
+            for (int j = 0; j < W - 1; j++) state_in<W, VEC>(p, n, d0, j - (W - 1), win[j]);
+            nxt = (int)min(eos - t0, (int64_t)len);
+        }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t t = tb + u;
-            if (t >= t1) break;
-            if (t == eos) {   /* varlen: a new sequence (skipping empty ones), the window from its h0 */
-                do { n++; bos = eos; eos = p.cu[n + 1]; } while (eos == bos);
+        for (int c = 0; c < VEC; c++) {
+            float acc = bv[c];
 #pragma unroll
-                for (int j = 0; j < W - 1; j++) state_in<W, VEC>(p, n, d0, j - (W - 1), win[j]);
-            }
-            float z[VEC];
+            for (int w = 0; w < W - 1; w++) acc += wt[w][c] * win[w][c];
+            acc += wt[W - 1][c] * xv[c];
+            z[c] = p.silu ? silu_fast(acc) : acc;
+        }
+        *yp = pack<DT, VEC, R>(z);
+        yp += ld;
 #pragma unroll
-            for (int c = 0; c < VEC; c++) {
-                float acc = bv[c];
+        for (int j = 0; j + 1 < W - 1; j++)
 #pragma unroll
-                for (int w = 0; w < W - 1; w++) acc += wt[w][c] * win[w][c];
-                acc += wt[W - 1][c] * xv[u][c];
-                z[c] = p.silu ? gdn::silu(acc) : acc;
-            }
-            gdn::stv<DT, VEC>(p.y, t * p.D + d0, z);
+            for (int c = 0; c < VEC; c++) win[j][c] = win[j + 1][c];
+        if (W > 1)
 #pragma unroll
-            for (int j = 0; j + 1 < W - 1; j++)
+            for (int c = 0; c < VEC; c++) win[WM - 1][c] = xv[c];
+    };
+    /* groups of P rows; only a group that holds a sequence start, or the
+     * run's last, partial group, takes the checked path */
+    for (int i = 0; i < len; i += P) {
+        if (i + P <= nxt) {
 #pragma unroll
-                for (int c = 0; c < VEC; c++) win[j][c] = win[j + 1][c];
-            if (W > 1)
+            for (int u = 0; u < P; u++) row(ring[u], i + u, i + u + P < len, false);
+        } else {
 #pragma unroll
-                for (int c = 0; c < VEC; c++) win[WM - 1][c] = xv[u][c];
+            for (int u = 0; u < P; u++)
+                if (i + u < len) row(ring[u], i + u, i + u + P < len, true);
         }
     }
 }
@@ -164,8 +220,7 @@ __global__ void __launch_bounds__(FWD_THREADS) conv_ht_kernel(FwdArgs p, int W) 
 template <int DT, int W>
 cudaError_t launch_fwd_w(const FwdArgs &p, int vec, cudaStream_t st) {
     const unsigned blocks = (unsigned)(((int64_t)p.ncv * p.tiles + FWD_THREADS - 1) / FWD_THREADS);
-    /* 16 bytes per access; past W = 4, 8 bytes (the weights and window stay in registers) */
-    constexpr int V16 = 16 / gdn::esize<DT>(), VW = W <= 4 ? V16 : V16 / 2;
+    constexpr int VW = W <= 4 ? 4 : 2;   /* past W = 4, 2 channels: the weights and window stay in registers */
     if (vec == VW) conv_fwd_kernel<DT, W, VW><<<blocks, FWD_THREADS, 0, st>>>(p);
     else conv_fwd_kernel<DT, W, 1><<<blocks, FWD_THREADS, 0, st>>>(p);
     return cudaGetLastError();
@@ -183,6 +238,17 @@ cudaError_t launch_fwd(const FwdArgs &p, int W, int vec, cudaStream_t st) {
     case 7: return launch_fwd_w<DT, 7>(p, vec, st);
     default: return launch_fwd_w<DT, 8>(p, vec, st);
     }
+}
+
+/* the card's SM count, asked once */
+int sm_count() {
+    static int n = 0;
+    if (!n) {
+        int d = 0;
+        if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0)
+            n = 132;
+    }
+    return n;
 }
 
 /* ---- single-token update ---- */
@@ -328,18 +394,20 @@ extern "C" gdn_status gdn_cuda_conv1d_fwd(const gdn_conv1d_config *c, int64_t N,
     const int dt = (int)c->dtype, es = dt == GDN_F32 ? 4 : 2;
     cudaError_t e = cudaSuccess;
     if (p.R > 0) {
-        /* the vector width: 16 bytes (8 past W = 4) when D and the pointers allow */
-        int vec = (c->W <= 4 ? 16 : 8) / es;
-        if (c->D % vec || !gdn::aligned16(a->x) || !gdn::aligned16(a->y) || !gdn::aligned16(a->weight)) vec = 1;
-        /* rows per thread: 32, fewer while that leaves too few threads to fill
-         * the card, more if the threads would not fit 32-bit indices */
+        /* the vector width: 4 channels (2 past W = 4) when D and the x, y alignment allow */
+        int vec = c->W <= 4 ? 4 : 2;
+        if (c->D % vec || ((uintptr_t)a->x | (uintptr_t)a->y) % (uintptr_t)(vec * es)) vec = 1;
         p.ncv = (unsigned)(c->D / vec);
-        const auto tiles = [&](int tt) { return p.cu ? (p.R + tt - 1) / tt : c->B * ((c->T + tt - 1) / tt); };
-        p.tt = 32;
-        while (p.tt > U && (int64_t)p.ncv * tiles(p.tt) < 132 * 1024) p.tt /= 2;
-        while ((int64_t)p.ncv * tiles(p.tt) + FWD_THREADS >= (1LL << 32)) p.tt *= 2;
+        /* rows per run: about four waves of the threads the card holds, a
+         * multiple of the ring; more if the threads would not fit 32-bit ids */
+        const auto tiles = [&](int64_t tt) { return (p.R + tt - 1) / tt; };
+        const int P = ring_rows(vec, es);
+        const int64_t waves4 = 4LL * sm_count() * FWD_MINB * FWD_THREADS;
+        int64_t tt = ((int64_t)p.ncv * p.R + waves4 - 1) / waves4;
+        tt = (tt + P - 1) / P * P;
+        while ((int64_t)p.ncv * tiles(tt) + FWD_THREADS >= (1LL << 32)) tt *= 2;
+        p.tt = (int)(tt < p.R ? tt : p.R);
         p.tiles = (unsigned)tiles(p.tt);
-        p.tpr = p.cu ? 1u : (unsigned)((c->T + p.tt - 1) / p.tt);
         e = dt == GDN_F32 ? launch_fwd<0>(p, c->W, vec, st) : dt == GDN_BF16 ? launch_fwd<1>(p, c->W, vec, st)
                                                             : launch_fwd<2>(p, c->W, vec, st);
         if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "conv1d forward kernel launch: %s", cudaGetErrorString(e));

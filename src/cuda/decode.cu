@@ -1,8 +1,16 @@
 /* CUDA fused decode step (the math of src/cpu/decode.c). The state is the
- * traffic: k-first, see decode_kfirst_kernel; v-first, one block per (row,
- * head), a warp owns row c (contiguous in K) and reduces across its lanes. q, k live in shared memory. No host sync; a slot
- * outside -1..num_slots-1 reads and writes nothing (as padding: slots live
- * on the device, where the host cannot check them without a sync).
+ * traffic: k-first, decode_tile_kernel for many rows (bandwidth) and
+ * decode_warp_kernel for few (latency), both with 16-byte state accesses
+ * (V % 4 == 0), decode_kfirst_kernel otherwise; v-first, one block per (row,
+ * head), a warp owns row c (contiguous in K) and reduces across its lanes,
+ * q, k in shared memory. No host sync; a slot outside -1..num_slots-1 reads
+ * and writes nothing (as padding: slots live on the device, where the host
+ * cannot check them without a sync).
+ *
+ * The tile and warp kernels are launched as programmatic dependents of the
+ * previous kernel in the stream: their blocks become resident while it
+ * finishes and wait for it (and its writes) before any access, so the
+ * launch latency, a good part of a B = 1 step, hides under its tail.
  *
  * With conv_W > 0 (CONV): first the conv1d update of every row's conv state
  * (cuda/conv1d.cu, state only), then the same kernels with q, k, v formed
@@ -165,22 +173,110 @@ __global__ void __launch_bounds__(128, (!CONV && R == 32) ? 7 : 1) decode_kfirst
         gdn::st(p.o, orow + c, p.scale * (part[lane] + part[32 + lane] + part[64 + lane] + part[96 + lane]), p.dt);
 }
 
-/* k-first, many rows: bandwidth. 8 warps cover 128 columns (4 adjacent
- * columns per lane, 16-byte loads and stores), warp w holding rows
- * [w*R, w*R+R) of them (R = KT/8), so the state moves in wide, coalesced
- * accesses with R*4 values per thread in registers. Needs V % 4 == 0. */
-template <int R, bool CONV>
-__global__ void __launch_bounds__(256, (!CONV && R == 8) ? 3 : 1) decode_wide_kernel(DecodeArgs p, ConvIn cv) {
-    extern __shared__ float sm[];
-    float4 *part = reinterpret_cast<float4 *>(sm);   /* [8][32], first: 16-byte aligned whatever K */
-    float *q = sm + 4 * 256, *k = q + p.K, *vs = k + p.K;   /* vs: CONV, [128] */
-    const int b = blockIdx.x / p.HV, j = blockIdx.x % p.HV, h = j / (p.HV / p.H);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int c = blockIdx.y * 128 + lane * 4, i0 = w * R;
-    const int V = p.V, K = p.K;
+
+/* Programmatic launch: wait for the previous kernel in the stream and its
+ * writes (a no-op in a plain launch), then let the next one start launching;
+ * nothing of this kernel touches memory before the wait. */
+__device__ __forceinline__ void pdl_enter() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* a bf16 (dt 1) or f16 (dt 2) value from its bits */
+__device__ __forceinline__ float half_bits(unsigned short h, int dt) {
+    return dt == 1 ? __uint_as_float(static_cast<unsigned>(h) << 16) : __half2float(__ushort_as_half(h));
+}
+
+/* The small inputs of (row b, value head j) in one round trip: every load
+ * issued before any is converted. q, k of head h at rows i0 + step*r (r <
+ * N, 0 past K) and v at columns c..c+3 (0 past V) when QKV (CONV forms
+ * them from the conv state instead); the raw gate inputs a, b always. */
+template <int N, bool QKV>
+__device__ __forceinline__ void ld_inputs(const DecodeArgs &p, int b, int h, int j, int i0, int step, int c,
+                                          float (&q)[N], float (&k)[N], float (&v)[4], float *ga, float *gb) {
+    const int K = p.K, V = p.V;
     const int64_t D = 2LL * p.H * K + (int64_t)p.HV * V;
+    const int64_t qb = b * D + (int64_t)h * K, kb = qb + (int64_t)p.H * K;
+    const int64_t vb = b * D + 2LL * p.H * K + (int64_t)j * V + c, gi = (int64_t)b * p.HV + j;
+    if (p.dt == 0) {
+        const float *x = static_cast<const float *>(p.qkv);
+        if constexpr (QKV) {
+#pragma unroll
+            for (int r = 0; r < N; r++) {
+                const int i = i0 + step * r;
+                q[r] = i < K ? x[qb + i] : 0.f;
+                k[r] = i < K ? x[kb + i] : 0.f;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = c + e < V ? x[vb + e] : 0.f;
+        }
+        *ga = static_cast<const float *>(p.a)[gi];
+        *gb = static_cast<const float *>(p.b)[gi];
+    } else {
+        const unsigned short *x = static_cast<const unsigned short *>(p.qkv);
+        unsigned short hq[N], hk[N], hv[4];
+        if constexpr (QKV) {
+#pragma unroll
+            for (int r = 0; r < N; r++) {
+                const int i = i0 + step * r;
+                hq[r] = i < K ? x[qb + i] : 0;
+                hk[r] = i < K ? x[kb + i] : 0;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) hv[e] = c + e < V ? x[vb + e] : 0;
+        }
+        const unsigned short ha = static_cast<const unsigned short *>(p.a)[gi];
+        const unsigned short hb = static_cast<const unsigned short *>(p.b)[gi];
+        if constexpr (QKV) {
+#pragma unroll
+            for (int r = 0; r < N; r++) { q[r] = half_bits(hq[r], p.dt); k[r] = half_bits(hk[r], p.dt); }
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = half_bits(hv[e], p.dt);
+        }
+        *ga = half_bits(ha, p.dt);
+        *gb = half_bits(hb, p.dt);
+    }
+}
+
+enum { TILE_COLS = 64 };
+
+/* Blocks per SM in the launch bounds: for the tile kernel as many as its
+ * state registers allow (4*R values a thread, the CONV prologue costing
+ * some); for the warp kernel explicit too (left to its own heuristic, ptxas
+ * spills in the CONV instances). */
+__host__ __device__ constexpr int tile_blocks(int R, bool conv) {
+    return conv ? (R <= 8 ? 2 : 1) : (R <= 4 ? 4 : R <= 8 ? 3 : 2);
+}
+__host__ __device__ constexpr int warp_blocks(int R) { return R <= 8 ? 4 : 1; }
+
+/* k-first, many rows: bandwidth. A block of 8 warps covers CB = 64 columns
+ * of one (row, head) and all K rows: 16 lanes a row, 4 adjacent columns
+ * each (16-byte accesses, whole 128-byte lines), and row group rg (0, 1) of
+ * warp w holds rows [(2w + rg)*R, +R) (R*4 values in registers, R = KT/16).
+ * 3 blocks per SM at K = 128 (80 registers), so the loads of one block
+ * stream while another computes and stores (one block of 128 columns per
+ * SM reached 80 % of copy, this 95 %). Sums over K: a shuffle within
+ * the warp, then shared memory across the 8 warps (two barriers, a buffer
+ * for each sum). Column blocks of a (row, head) are adjacent in the grid:
+ * they run together on the same rows. The small inputs are issued first,
+ * beside the slot load the state addresses wait for. */
+template <int R, bool CONV>
+__global__ void __launch_bounds__(256, tile_blocks(R, CONV)) decode_tile_kernel(DecodeArgs p, ConvIn cv, int ncb) {
+    constexpr int CB = TILE_COLS, LR = CB / 4, GW = 32 / LR;   /* lanes a row, row groups a warp */
+    extern __shared__ float sm[];
+    float4 *pp = reinterpret_cast<float4 *>(sm), *po = pp + 8 * LR;   /* [8][LR] each: the two sums */
+    float *q = sm + 64 * LR, *k = q + p.K, *vs = k + p.K;             /* vs: CONV, [CB] */
+    pdl_enter();
+    const int bj = blockIdx.x / ncb, c0 = (blockIdx.x % ncb) * CB;
+    const int b = bj / p.HV, j = bj % p.HV, h = j / (p.HV / p.H);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, cl = lane % LR, rg = lane / LR;
+    const int c = c0 + cl * 4, iw = w * GW * R, i0 = iw + rg * R;
+    const int V = p.V, K = p.K;
     const int64_t slot = p.slots ? p.slots[b] : b;
     const int64_t orow = ((int64_t)b * p.HV + j) * V;
+    float qn[R / 2], kn[R / 2], vc[4], ga, gb;   /* q, k at rows lane + 32 r; CONV: q, k, v later */
+    ld_inputs<R / 2, !CONV>(p, b, h, j, lane, 32, c, qn, kn, vc, &ga, &gb);
+    const float Alog = p.A_log[j], dtb = p.dt_bias ? p.dt_bias[j] : 0.f;
     const bool live = slot >= 0 && slot < p.num_slots, mine = live && c < V;
     float *S = live ? p.state + (slot * p.HV + j) * (int64_t)K * V + c : nullptr;
     float4 s[R];
@@ -191,68 +287,187 @@ __global__ void __launch_bounds__(256, (!CONV && R == 8) ? 3 : 1) decode_wide_ke
         lp += V;
     }
     if (!live) {
-        if (w == 0)
+        if (w == 0 && rg == 0)
             for (int e = 0; e < 4; e++) if (c + e < V) gdn::st(p.o, orow + c + e, 0.f, p.dt);
         return;
     }
     float rq, rk;
     if constexpr (CONV) {
-        conv_qkv(p, cv, slot, h, j, blockIdx.y * 128, 128, q, k, vs);
+        conv_qkv(p, cv, slot, h, j, c0, CB, q, k, vs);
+        for (int e = 0; e < 4; e++) vc[e] = vs[cl * 4 + e];
         warp_qk_scales(p, q, k, &rq, &rk);
     } else {
-        warp_qk_rows(p, b, h, D, i0, R, q, k, &rq, &rk);
+        /* the norms over all K by each warp, its own rows raw into shared memory */
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int r = 0; r < R / 2; r++) {
+            const int i = lane + 32 * r;
+            sq += qn[r] * qn[r];
+            sk += kn[r] * kn[r];
+            if (i >= iw && i < iw + GW * R && i < K) { q[i] = qn[r]; k[i] = kn[r]; }
+        }
+        rq = p.l2norm ? rsqrtf(gdn::warp_sum(sq) + 1e-6f) : 1.f;
+        rk = p.l2norm ? rsqrtf(gdn::warp_sum(sk) + 1e-6f) : 1.f;
+        __syncwarp();
     }
-    const float ga = gdn::ld(p.a, (int64_t)b * p.HV + j, p.dt), gb = gdn::ld(p.b, (int64_t)b * p.HV + j, p.dt);
-    const float g = -expf(p.A_log[j]) * gdn::softplus(ga + (p.dt_bias ? p.dt_bias[j] : 0.f));
+    const float g = -expf(Alog) * gdn::softplus(ga + dtb);
     const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
+    /* pred = S^T k^ over this thread's rows; k^ = rk * k, rk applied once to the sum */
     float4 pr = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int r = 0; r < R; r++)
         if (i0 + r < K) {
-            const float kk = k[i0 + r] * rk;
+            const float kk = k[i0 + r];
             pr.x += s[r].x * kk; pr.y += s[r].y * kk; pr.z += s[r].z * kk; pr.w += s[r].w * kk;
         }
-    part[w * 32 + lane] = pr;
+#pragma unroll
+    for (int m = LR; m < 32; m <<= 1) {
+        pr.x += __shfl_xor_sync(0xffffffffu, pr.x, m); pr.y += __shfl_xor_sync(0xffffffffu, pr.y, m);
+        pr.z += __shfl_xor_sync(0xffffffffu, pr.z, m); pr.w += __shfl_xor_sync(0xffffffffu, pr.w, m);
+    }
+    if (rg == 0) pp[w * LR + cl] = pr;
     __syncthreads();
-    float4 P = part[lane];
+    float4 P = pp[cl];
 #pragma unroll
     for (int ww = 1; ww < 8; ww++) {
-        const float4 t = part[ww * 32 + lane];
+        const float4 t = pp[ww * LR + cl];
         P.x += t.x; P.y += t.y; P.z += t.z; P.w += t.w;
     }
-    const int64_t vb = b * D + 2LL * p.H * K + (int64_t)j * V + c;
-    float4 u;   /* v: CONV from shared memory, else from mixed_qkv */
-    u.x = beta * ((CONV ? vs[lane * 4 + 0] : c + 0 < V ? gdn::ld(p.qkv, vb + 0, p.dt) : 0.f) - decay * P.x);
-    u.y = beta * ((CONV ? vs[lane * 4 + 1] : c + 1 < V ? gdn::ld(p.qkv, vb + 1, p.dt) : 0.f) - decay * P.y);
-    u.z = beta * ((CONV ? vs[lane * 4 + 2] : c + 2 < V ? gdn::ld(p.qkv, vb + 2, p.dt) : 0.f) - decay * P.z);
-    u.w = beta * ((CONV ? vs[lane * 4 + 3] : c + 3 < V ? gdn::ld(p.qkv, vb + 3, p.dt) : 0.f) - decay * P.w);
+    /* ku = rk * u, u = beta * (v - decay * S^T k^): the rank-1 update is k (raw) x ku */
+    float4 ku;
+    ku.x = rk * beta * (vc[0] - decay * rk * P.x); ku.y = rk * beta * (vc[1] - decay * rk * P.y);
+    ku.z = rk * beta * (vc[2] - decay * rk * P.z); ku.w = rk * beta * (vc[3] - decay * rk * P.w);
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     float *sp = mine ? S + (int64_t)i0 * V : nullptr;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         if (i0 + r < K) {
-            const float kk = k[i0 + r] * rk, qq = q[i0 + r] * rq;
+            const float kk = k[i0 + r], qq = q[i0 + r];
             float4 x;
-            x.x = decay * s[r].x + kk * u.x; x.y = decay * s[r].y + kk * u.y;
-            x.z = decay * s[r].z + kk * u.z; x.w = decay * s[r].w + kk * u.w;
+            x.x = decay * s[r].x + kk * ku.x; x.y = decay * s[r].y + kk * ku.y;
+            x.z = decay * s[r].z + kk * ku.z; x.w = decay * s[r].w + kk * ku.w;
             if (mine) *reinterpret_cast<float4 *>(sp) = x;
             o.x += qq * x.x; o.y += qq * x.y; o.z += qq * x.z; o.w += qq * x.w;
         }
         sp += V;
     }
-    __syncthreads();   /* every warp has read part[] */
-    part[w * 32 + lane] = o;
+#pragma unroll
+    for (int m = LR; m < 32; m <<= 1) {
+        o.x += __shfl_xor_sync(0xffffffffu, o.x, m); o.y += __shfl_xor_sync(0xffffffffu, o.y, m);
+        o.z += __shfl_xor_sync(0xffffffffu, o.z, m); o.w += __shfl_xor_sync(0xffffffffu, o.w, m);
+    }
+    if (rg == 0) po[w * LR + cl] = o;
     __syncthreads();
-    if (w == 0) {
-        float4 O = part[lane];
+    if (w == 0 && rg == 0) {
+        float4 O = po[cl];
 #pragma unroll
         for (int ww = 1; ww < 8; ww++) {
-            const float4 t = part[ww * 32 + lane];
+            const float4 t = po[ww * LR + cl];
             O.x += t.x; O.y += t.y; O.z += t.z; O.w += t.w;
         }
-        const float ov[4] = {O.x, O.y, O.z, O.w};
-        for (int e = 0; e < 4; e++) if (c + e < V) gdn::st(p.o, orow + c + e, p.scale * ov[e], p.dt);
+        const float f = p.scale * rq, ov[4] = {O.x, O.y, O.z, O.w};
+        for (int e = 0; e < 4; e++) if (c + e < V) gdn::st(p.o, orow + c + e, f * ov[e], p.dt);
     }
+}
+
+/* k-first, few rows: latency. A warp owns 8 columns of one (row, head) and
+ * all K rows: lane 2*rl + cl holds rows rl + 16*r (r < R) of columns
+ * c..c+3 (16-byte accesses), so both sums over K are shuffles across rl:
+ * no shared memory and no barrier outside CONV. Its q and k rows go
+ * straight from mixed_qkv into registers, issued beside the slot load so
+ * that their latency hides under it and under the state loads. 4 warps (32
+ * columns) a block, column blocks of a (row, head) adjacent in the grid. */
+template <int R, bool CONV>
+__global__ void __launch_bounds__(128, warp_blocks(R)) decode_warp_kernel(DecodeArgs p, ConvIn cv, int ncb) {
+    extern __shared__ float sm[];
+    float *qs = sm, *ks = sm + p.K, *vs = ks + p.K;   /* CONV: q, k [K], v [32] */
+    pdl_enter();
+    const int bj = blockIdx.x / ncb, c0 = (blockIdx.x % ncb) * 32;
+    const int b = bj / p.HV, j = bj % p.HV, h = j / (p.HV / p.H);
+    const int lane = threadIdx.x & 31, rl = lane >> 1;
+    const int cw = (threadIdx.x >> 5) * 8 + (lane & 1) * 4, c = c0 + cw;
+    const int V = p.V, K = p.K;
+    const int64_t slot = p.slots ? p.slots[b] : b;
+    const int64_t orow = ((int64_t)b * p.HV + j) * V;
+    float qv[R], kv[R], vc[4], ga, gb;   /* CONV: q, k, v later, from the conv state */
+    ld_inputs<R, !CONV>(p, b, h, j, rl, 16, c, qv, kv, vc, &ga, &gb);
+    const float Alog = p.A_log[j], dtb = p.dt_bias ? p.dt_bias[j] : 0.f;
+    const bool live = slot >= 0 && slot < p.num_slots, mine = live && c < V;
+    float *S = live ? p.state + (slot * p.HV + j) * (int64_t)K * V + c : nullptr;
+    float4 s[R];
+    const float *lp = mine ? S + (int64_t)rl * V : nullptr;   /* stepped by 16 V: one live address */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        s[r] = (mine && rl + 16 * r < K) ? *reinterpret_cast<const float4 *>(lp) : make_float4(0.f, 0.f, 0.f, 0.f);
+        lp += 16 * V;
+    }
+    if (!live) {
+        if (rl < 4 && c + rl < V) gdn::st(p.o, orow + c + rl, 0.f, p.dt);
+        return;
+    }
+    if constexpr (CONV) {
+        conv_qkv(p, cv, slot, h, j, c0, 32, qs, ks, vs);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int i = rl + 16 * r;
+            qv[r] = i < K ? qs[i] : 0.f;
+            kv[r] = i < K ? ks[i] : 0.f;
+        }
+        for (int e = 0; e < 4; e++) vc[e] = vs[cw + e];
+    }
+    /* rows past K hold zeros in s, qv, kv: no guard needed in the sums */
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) { sq += qv[r] * qv[r]; sk += kv[r] * kv[r]; }
+#pragma unroll
+    for (int m = 2; m < 32; m <<= 1) {
+        sq += __shfl_xor_sync(0xffffffffu, sq, m);
+        sk += __shfl_xor_sync(0xffffffffu, sk, m);
+    }
+    const float rq = p.l2norm ? rsqrtf(sq + 1e-6f) : 1.f, rk = p.l2norm ? rsqrtf(sk + 1e-6f) : 1.f;
+    const float g = -expf(Alog) * gdn::softplus(ga + dtb);
+    const float decay = expf(g), beta = p.beta_mul * gdn::sigmoid(gb);
+    /* two partial sums a column, so the dependent chain is half as long */
+    float4 pa = make_float4(0.f, 0.f, 0.f, 0.f), pb = pa;
+#pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        pa.x += s[r].x * kv[r]; pa.y += s[r].y * kv[r]; pa.z += s[r].z * kv[r]; pa.w += s[r].w * kv[r];
+        if (r + 1 < R) {
+            pb.x += s[r + 1].x * kv[r + 1]; pb.y += s[r + 1].y * kv[r + 1];
+            pb.z += s[r + 1].z * kv[r + 1]; pb.w += s[r + 1].w * kv[r + 1];
+        }
+    }
+    float4 P = make_float4(pa.x + pb.x, pa.y + pb.y, pa.z + pb.z, pa.w + pb.w);
+#pragma unroll
+    for (int m = 2; m < 32; m <<= 1) {
+        P.x += __shfl_xor_sync(0xffffffffu, P.x, m); P.y += __shfl_xor_sync(0xffffffffu, P.y, m);
+        P.z += __shfl_xor_sync(0xffffffffu, P.z, m); P.w += __shfl_xor_sync(0xffffffffu, P.w, m);
+    }
+    /* ku = rk * u, u = beta * (v - decay * S^T k^): the rank-1 update is k (raw) x ku */
+    float4 ku;
+    ku.x = rk * beta * (vc[0] - decay * rk * P.x); ku.y = rk * beta * (vc[1] - decay * rk * P.y);
+    ku.z = rk * beta * (vc[2] - decay * rk * P.z); ku.w = rk * beta * (vc[3] - decay * rk * P.w);
+    float4 oa = make_float4(0.f, 0.f, 0.f, 0.f), ob = oa;
+    float *sp = mine ? S + (int64_t)rl * V : nullptr;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float4 x;
+        x.x = decay * s[r].x + kv[r] * ku.x; x.y = decay * s[r].y + kv[r] * ku.y;
+        x.z = decay * s[r].z + kv[r] * ku.z; x.w = decay * s[r].w + kv[r] * ku.w;
+        if (mine && rl + 16 * r < K) *reinterpret_cast<float4 *>(sp) = x;
+        float4 &oo = r & 1 ? ob : oa;
+        oo.x += qv[r] * x.x; oo.y += qv[r] * x.y; oo.z += qv[r] * x.z; oo.w += qv[r] * x.w;
+        sp += 16 * V;
+    }
+    float4 O = make_float4(oa.x + ob.x, oa.y + ob.y, oa.z + ob.z, oa.w + ob.w);
+#pragma unroll
+    for (int m = 2; m < 32; m <<= 1) {
+        O.x += __shfl_xor_sync(0xffffffffu, O.x, m); O.y += __shfl_xor_sync(0xffffffffu, O.y, m);
+        O.z += __shfl_xor_sync(0xffffffffu, O.z, m); O.w += __shfl_xor_sync(0xffffffffu, O.w, m);
+    }
+    /* every lane has the sums: lanes rl < 4 store column c + rl */
+    const float ov = rl == 0 ? O.x : rl == 1 ? O.y : rl == 2 ? O.z : O.w;
+    if (rl < 4 && c + rl < V) gdn::st(p.o, orow + c + rl, p.scale * rq * ov, p.dt);
 }
 
 template <bool CONV>
@@ -315,22 +530,56 @@ __global__ void decode_kernel(DecodeArgs p, ConvIn cv) {
     }
 }
 
+/* a tile or warp kernel, as a programmatic dependent of the stream's previous kernel */
+cudaError_t launch_dep(void (*kern)(DecodeArgs, ConvIn, int), unsigned blocks, int threads, size_t smem,
+                       cudaStream_t st, const DecodeArgs &p, const ConvIn &cv, int ncb) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(blocks);
+    lc.blockDim = dim3(threads);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = st;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, kern, p, cv, ncb);
+}
+
+/* k-first with V % 4 == 0 and a 16-byte aligned pool: tiles when there are
+ * enough to fill the card a few times over (1536: 4 waves of 3 blocks per
+ * SM), else warps of 8 columns */
+template <bool CONV>
+cudaError_t launch_vec(const DecodeArgs &p, const ConvIn &cv, const gdn_decode_config *c, cudaStream_t st) {
+    const int64_t rows = (int64_t)c->B * c->HV;
+    const int tcb = (c->V + TILE_COLS - 1) / TILE_COLS;
+    if (rows * tcb >= 1536) {
+        const size_t smem = sizeof(float) * (16 * TILE_COLS + 2 * (size_t)c->K + (CONV ? TILE_COLS : 0));
+        void (*kern)(DecodeArgs, ConvIn, int) = c->K <= 64 ? decode_tile_kernel<4, CONV>
+                                              : c->K <= 128 ? decode_tile_kernel<8, CONV>
+                                              : decode_tile_kernel<16, CONV>;
+        return launch_dep(kern, (unsigned)(rows * tcb), 256, smem, st, p, cv, tcb);
+    }
+    const int wcb = (c->V + 31) / 32;
+    const size_t smem = CONV ? sizeof(float) * (2 * (size_t)c->K + 32) : 0;
+    void (*kern)(DecodeArgs, ConvIn, int) = c->K <= 32 ? decode_warp_kernel<2, CONV>
+                                          : c->K <= 64 ? decode_warp_kernel<4, CONV>
+                                          : c->K <= 128 ? decode_warp_kernel<8, CONV>
+                                          : decode_warp_kernel<16, CONV>;
+    return launch_dep(kern, (unsigned)(rows * wcb), 128, smem, st, p, cv, wcb);
+}
+
 template <bool CONV>
 cudaError_t launch(const DecodeArgs &p, const ConvIn &cv, const gdn_decode_config *c, cudaStream_t st) {
     const size_t vsm = CONV ? (p.vfirst ? (size_t)c->V : 0) : 0;   /* v columns in shared memory (CONV) */
     if (p.vfirst) {
         decode_kernel<CONV><<<c->B * c->HV, 256, sizeof(float) * (2 * (size_t)c->K + 32 + vsm), st>>>(p, cv);
+    } else if (c->V % 4 == 0 && gdn::aligned16(p.state)) {
+        return launch_vec<CONV>(p, cv, c, st);
     } else {
         const size_t smem = sizeof(float) * (2 * (size_t)c->K + 32 + 128 + (CONV ? 32 : 0));
         const dim3 grid((unsigned)(c->B * c->HV), (unsigned)((c->V + 31) / 32));
-        const dim3 wide((unsigned)(c->B * c->HV), (unsigned)((c->V + 127) / 128));
-        const size_t wsmem = sizeof(float) * (4 * 256 + 2 * (size_t)c->K + (CONV ? 128 : 0));
-        /* many rows and V % 4 == 0: the 16-byte kernel (enough blocks to fill the card a few times) */
-        if (c->V % 4 == 0 && (int64_t)wide.x * wide.y >= 2048 && c->K <= 256) {
-            if (c->K <= 64) decode_wide_kernel<8, CONV><<<wide, 256, wsmem, st>>>(p, cv);
-            else if (c->K <= 128) decode_wide_kernel<16, CONV><<<wide, 256, wsmem, st>>>(p, cv);
-            else decode_wide_kernel<32, CONV><<<wide, 256, wsmem, st>>>(p, cv);
-        } else if (c->K <= 32) decode_kfirst_kernel<8, CONV><<<grid, 128, smem, st>>>(p, cv);
+        if (c->K <= 32) decode_kfirst_kernel<8, CONV><<<grid, 128, smem, st>>>(p, cv);
         else if (c->K <= 64) decode_kfirst_kernel<16, CONV><<<grid, 128, smem, st>>>(p, cv);
         else if (c->K <= 128) decode_kfirst_kernel<32, CONV><<<grid, 128, smem, st>>>(p, cv);
         else decode_kfirst_kernel<64, CONV><<<grid, 128, smem, st>>>(p, cv);
