@@ -780,16 +780,6 @@ __global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
 
 /* ---- host side ---- */
 
-int sm_count() {
-    static int n = 0;
-    if (!n) {
-        int d = 0;
-        if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0)
-            n = 132;
-    }
-    return n;
-}
-
 int bv_of(int K) { return K <= 128 ? 128 : 64; }
 
 /* chunks per segment, 0 = no split: only when the (sequence, head, column
@@ -801,8 +791,8 @@ int seg_chunks(const gdn_plan *pl) {
     if (pl->seq_split == 1 || maxch < 2) return 0;
     if (pl->seq_split > 1) want = pl->seq_split;
     else {
-        if (2 * blocks > sm_count() || maxch < 16) return 0;
-        want = sm_count() / blocks;
+        if (2 * blocks > gdn::sm_count() || maxch < 16) return 0;
+        want = gdn::sm_count() / blocks;
     }
     int64_t sc = (maxch + want - 1) / want;
     if (pl->seq_split == 0 && sc < 8) sc = 8;

@@ -1,11 +1,23 @@
 /* Device helpers shared by the CUDA kernels: dtype loads and stores, the
  * gate, block reductions. */
 #pragma once
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace gdn {
+
+/* the card's SM count, asked once (host) */
+inline int sm_count() {
+    static int n = 0;
+    if (!n) {
+        int d = 0;
+        if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0)
+            n = 132;
+    }
+    return n;
+}
 
 __device__ __forceinline__ float ld(const void *p, int64_t i, int dt) {
     if (dt == 0) return static_cast<const float *>(p)[i];

@@ -240,17 +240,6 @@ cudaError_t launch_fwd(const FwdArgs &p, int W, int vec, cudaStream_t st) {
     }
 }
 
-/* the card's SM count, asked once */
-int sm_count() {
-    static int n = 0;
-    if (!n) {
-        int d = 0;
-        if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || n <= 0)
-            n = 132;
-    }
-    return n;
-}
-
 /* ---- single-token update ---- */
 
 struct UpdArgs {
@@ -402,7 +391,7 @@ extern "C" gdn_status gdn_cuda_conv1d_fwd(const gdn_conv1d_config *c, int64_t N,
          * multiple of the ring; more if the threads would not fit 32-bit ids */
         const auto tiles = [&](int64_t tt) { return (p.R + tt - 1) / tt; };
         const int P = ring_rows(vec, es);
-        const int64_t waves4 = 4LL * sm_count() * FWD_MINB * FWD_THREADS;
+        const int64_t waves4 = 4LL * gdn::sm_count() * FWD_MINB * FWD_THREADS;
         int64_t tt = ((int64_t)p.ncv * p.R + waves4 - 1) / waves4;
         tt = (tt + P - 1) / P * P;
         while ((int64_t)p.ncv * tiles(tt) + FWD_THREADS >= (1LL << 32)) tt *= 2;
