@@ -28,6 +28,8 @@
  * hi + lo halves; a single bf16 rounding is too coarse for the bound. Long sequences with few heads are split into segments (DESIGN
  * §8): pass 1 gives each segment's map (P, S_loc), a fp32 scan the incoming
  * states, pass 3 the outputs. bench/NOTES.md has the versions and numbers. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include "cuda/common.cuh"
 #include "cuda/cuda_backend.h"
@@ -53,6 +55,7 @@ struct ChunkArgs {
      * segment from its true incoming state; nvb_v column blocks of V (pass 1
      * adds blocks for the columns of P) */
     int sc, maxseg, nvb_v, pass;
+    int tma;   /* the tensor maps of q, k, v are valid (else every chunk comes by cp.async) */
     float *seg_s, *seg_p, *seg_in;   /* [segment slot][HV] x (K x V, K x K, K x V), k-first */
 };
 
@@ -178,17 +181,52 @@ template <typename E> __device__ __forceinline__ const E *frag_bk(const E *m, in
 }
 
 /* ---- cp.async ---- */
+
 __device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr(dst)), "l"(src), "r"(full ? 16 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+/* ---- the TMA engine: copies completing on an mbarrier. One instruction of
+ * one thread moves a chunk's rows of q, k or v (a tensor map) or the whole
+ * record, so the state kernel's fetch costs a few instructions of one warp
+ * instead of address arithmetic and cp.async in every thread. (Row by row
+ * bulk copies were tried: ~50 cycles per 256-byte request, slower than
+ * cp.async.) ---- */
+__device__ __forceinline__ void mb_init(void *mb) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(mb)) : "memory");
+}
+__device__ __forceinline__ void mb_expect(void *mb, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(mb)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_wait(void *mb, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(saddr(mb)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, void *mb) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(mb)) : "memory");
+}
+/* the box (padded row, 1 head, 64 rows) at (col, head, row) of a [rows][heads][cols]
+ * tensor: the box is 8 columns wider than the tile and they lie past the
+ * tensor's row (zeros) or in the next tile (never read), so the rows land
+ * padded as cp.async would leave them, conflict-free for ldmatrix */
+__device__ __forceinline__ void tma_rows(void *dst, const CUtensorMap *map, int col, int head, int row, void *mb) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 ::"r"(saddr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(row), "r"(saddr(mb))
+                 : "memory");
+}
+
+
 /* The per-(chunk slot, value head) record the prep kernel leaves for the
- * state kernel: T (bf16 / f16, [C][C]), then gc, beta and the k rstd (fp32 [C]
+ * state kernel: T (bf16 / f16, [C][LT], rows padded as the state kernel keeps
+ * them, so one bulk copy lands them), then gc, beta and the k rstd (fp32 [C]
  * each). Chunk i of sequence n is slot bos/C + n + i: slots of consecutive
  * sequences never overlap, and there are at most B*T/C + N + 1. */
-constexpr int REC_T = CC * CC * 2, REC = REC_T + 3 * CC * 4;
+constexpr int LT = CC + 8, REC_T = CC * LT * 2, REC_F = 3 * CC * 4, REC = REC_T + REC_F;
 __device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return bos / CC + n + i; }
 
 __device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
@@ -378,7 +416,7 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
                 const int s0 = c8 + 2 * e;
                 vv[e] = M::pack(s0 <= r ? Tf[r * AF + s0] : 0.f, s0 + 1 <= r ? Tf[r * AF + s0 + 1] : 0.f);
             }
-            *reinterpret_cast<uint4 *>(rec + (r * CC + c8) * 2) = v;
+            *reinterpret_cast<uint4 *>(rec + (r * LT + c8) * 2) = v;
         }
         float *recf = reinterpret_cast<float *>(rec + REC_T);
         for (int x = tid; x < 3 * CC; x += PT) recf[x] = x < CC ? gc[x] : x < 2 * CC ? bt[x - CC] : rk[x - 2 * CC];
@@ -396,8 +434,10 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
 constexpr int SW = 16, ST = 32 * SW;   /* state kernel warps, threads: 4 row blocks x NCG column groups */
 constexpr int NCG = SW / 4;
 
+struct TmaMaps { CUtensorMap q, k, v; };
+
 template <int KT, int BV> struct StateSmem {
-    static constexpr int LK = KT + 8, LV = BV + 8, LC = CC + 8;
+    static constexpr int LK = KT + 8, LV = BV + 8, LC = LT;
     static constexpr bool K2 = KT <= 128;   /* K double-buffered (prefetched); at K = 256 there is no room */
     static constexpr int q = 0, k0 = q + CC * LK * 2, k1 = K2 ? k0 + CC * LK * 2 : k0, v = k1 + CC * LK * 2;
     /* s: the state's bf16 / f16 copy, hi then lo, blocked for wgmma (KT x BV each);
@@ -406,20 +446,27 @@ template <int KT, int BV> struct StateSmem {
     static constexpr int r = t + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2;
     static constexpr int f = ud + 2 * CC * BV * 2;   /* f: 2 x (gc, bt, rk) */
     static constexpr int rq = f + 2 * 3 * CC * 4;    /* the chunk's q rstd */
-    static constexpr int bytes = rq + CC * 4;
+    static constexpr int mb = rq + CC * 4;          /* the fetch's mbarrier */
+    static constexpr int bytes = mb + 16 + 128;   /* + the base's alignment for the TMA */
+    /* what one chunk's TMA fetch moves: q, k, v as padded rows, the record's T and f */
+    static constexpr uint32_t fetch_bytes = CC * (2 * LK + LV) * 2 + REC_T + REC_F;
 };
 
 template <int KT, int BV, typename E>
-__global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const char *ws) {
+__global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using S = StateSmem<KT, BV>;
     using M = mma_traits<E>;
     constexpr int CW = BV / NCG, NTW = CW / 8;   /* columns and n8 tiles per warp for O, R, U */
     constexpr int NCB = BV / 8;                  /* core matrices per row of cores in the blocked copies */
-    extern __shared__ __align__(16) char sm[];
+    extern __shared__ __align__(128) char sm_raw[];
+    char *sm = sm_raw + ((128 - (saddr(sm_raw) & 127)) & 127);
     E *Qs = reinterpret_cast<E *>(sm + S::q), *Vs = reinterpret_cast<E *>(sm + S::v), *Ss = reinterpret_cast<E *>(sm + S::s);
     E *Ps = reinterpret_cast<E *>(sm + S::p), *Ts = reinterpret_cast<E *>(sm + S::t), *Rs = reinterpret_cast<E *>(sm + S::r);
     E *Us = reinterpret_cast<E *>(sm + S::u), *Ud = reinterpret_cast<E *>(sm + S::ud);
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3, rb = w & 3, cg = w >> 2;
+    /* w by a shuffle: the compiler then knows it is warp-uniform and keeps the
+     * wgmma descriptors built from it in uniform registers */
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
+    const int rb = w & 3, cg = w >> 2;
     const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, sg = (blockIdx.x / (p.nvb * p.HV)) % p.maxseg;
     const int n = blockIdx.x / (p.nvb * p.HV * p.maxseg), h = j / p.G;
     int64_t bos, len;
@@ -435,30 +482,51 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     float *rqs = reinterpret_cast<float *>(sm + S::rq);
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
+    void *mb = sm + S::mb;
+    /* whole chunks come by the TMA where the host made tensor maps (the
+     * tiles past K or V fill with zeros); the rest (a sequence's last chunk,
+     * unaligned tensors, P's columns) by cp.async */
+    const bool bulk_ok = p.tma && !pmode;
+    auto bulk = [&](int i) { return bulk_ok && len - (int64_t)i * CC >= CC; };
 
+    /* Each fetch moves part of chunk i: by bulk copies of warp 0 onto the
+     * mbarrier (armed for all of the chunk's bytes by the first part), or by
+     * cp.async of every thread. */
     auto fetch_k = [&](int i) {   /* k -> K buffer i&1 */
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         E *Kb = reinterpret_cast<E *>(sm + ((i & 1) ? S::k1 : S::k0));
-        load_rows<KT, S::LK>(Kb, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+        const E *src = static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K;
+        if (!bulk(i)) load_rows<KT, S::LK>(Kb, src, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+        else if (tid == 32) tma_rows(Kb, &tm.k, 0, h, (int)row0, mb);
     };
     auto fetch_qkv = [&](int i) {   /* q, v -> Qs, Vs; k (when double-buffered); gc, bt, rk -> f buffer i&1 */
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
-        load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
-        if (S::K2) fetch_k(i);
-        load_rows<BV, S::LV>(Vs, static_cast<const E *>(p.v) + (row0 * p.HV + j) * p.V, (int64_t)p.HV * p.V, c,
-                             pmode ? 0 : p.V - vcol0 < BV ? p.V - vcol0 : BV, vcol0, tid, ST);   /* P: v = 0 */
+        const E *qs = static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K;
+        const E *vs = static_cast<const E *>(p.v) + (row0 * p.HV + j) * p.V;
         const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC + REC_T;
-        char *f = sm + S::f + (i & 1) * 3 * CC * 4;
-        for (int x = tid; x < 3 * CC * 4 / 16; x += ST) cp16(f + 16 * x, rec + 16 * x, true);
+        char *f = sm + S::f + (i & 1) * REC_F;
+        if (bulk(i)) {
+            if (w == 0) {
+                if (lane == 0) { mb_expect(mb, S::fetch_bytes); bulk_copy(f, rec, REC_F, mb); }
+                __syncwarp();
+                if (lane == 1) tma_rows(Qs, &tm.q, 0, h, (int)row0, mb);
+                if (lane == 2) tma_rows(Vs, &tm.v, vcol0, j, (int)row0, mb);
+            }
+        } else {
+            load_rows<KT, S::LK>(Qs, qs, (int64_t)p.H * p.K, c, p.K, 0, tid, ST);
+            load_rows<BV, S::LV>(Vs, vs, (int64_t)p.HV * p.V, c, pmode ? 0 : p.V - vcol0 < BV ? p.V - vcol0 : BV, vcol0, tid,
+                                 ST);   /* P: v = 0 */
+            for (int x = tid; x < REC_F / 16; x += ST) cp16(f + 16 * x, rec + 16 * x, true);
+        }
+        if (S::K2) fetch_k(i);
     };
     auto fetch_t = [&](int i) {
         const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
-        for (int x = tid; x < CC * CC / 8; x += ST) {
-            const int r = x / (CC / 8), c8 = (x % (CC / 8)) * 8;
-            cp16(Ts + r * S::LC + c8, rec + (r * CC + c8) * 2, true);
-        }
+        if (!bulk(i))
+            for (int x = tid; x < REC_T / 16; x += ST) cp16(reinterpret_cast<char *>(Ts) + 16 * x, rec + 16 * x, true);
+        else if (tid == 0) bulk_copy(Ts, rec, REC_T, mb);
     };
 
     /* the state: this warp's tiles of the K x BV slice, fp32: m16 tile w % MT,
@@ -497,8 +565,11 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         fence_async_smem();
     };
 
+    if (tid == 0) mb_init(mb);
+    __syncthreads();
     if (i0 < nch) { fetch_qkv(i0); if (!S::K2) fetch_k(i0); fetch_t(i0); cp_commit(); }
     store_state_copy();
+    uint32_t phase = 0;   /* of the mbarrier: flips with each bulk-fetched chunk */
 #ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, thread 0 */
     long long prof[12] = {0}, t0_ = clock64();
 #define PROF(k) do { if (tid == 0) { const long long t1_ = clock64(); prof[k] += t1_ - t0_; t0_ = t1_; } } while (0)
@@ -510,6 +581,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
         const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * 3 * CC * 4), *bt = gc + CC, *rk = bt + CC;
+        if (bulk(i)) { mb_wait(mb, phase); phase ^= 1; }
         cp_wait_all();
         __syncthreads();
         PROF(0);
@@ -818,35 +890,65 @@ cudaError_t smem_attr(Kern k, int bytes, bool *done) {   /* host-side only: capt
     return e;
 }
 
+/* A tensor map for boxes of 64 rows x box columns of one head of a
+ * token-major [rows][heads][cols] tensor of 16-bit elements (tma_rows); false
+ * where the TMA cannot take it (unaligned base or row, no driver entry
+ * point): cp.async then. Host only, no stream work: capture-safe. */
+bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box) {
+    static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
+    static bool tried = false;
+    if (!tried) {
+        cudaDriverEntryPointQueryResult q;
+        void *fn = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+        tried = true;
+    }
+    if (!enc || rows <= 0 || (reinterpret_cast<uintptr_t>(base) & 15) || (cols & 7)) return false;
+    const cuuint64_t dim[3] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows};
+    const cuuint64_t stride[2] = {(cuuint64_t)cols * 2, (cuuint64_t)heads * cols * 2};
+    const cuuint32_t bx[3] = {(cuuint32_t)box, 1, CC}, es[3] = {1, 1, 1};
+    return enc(m, bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *>(base), dim,
+               stride, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int KT, int BV, typename E>
-cudaError_t launch(ChunkArgs p, int64_t N, int maxch, char *ws, cudaStream_t st) {
+cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st) {
     static bool a1 = false, a2 = false;
     cudaError_t e = smem_attr(chunk_prep_kernel<KT, E>, PrepSmem<KT>::bytes, &a1);
     if (e == cudaSuccess) e = smem_attr(chunk_state_kernel<KT, BV, E>, StateSmem<KT, BV>::bytes, &a2);
     if (e != cudaSuccess) return e;
     const int smem = StateSmem<KT, BV>::bytes;
     p.nvb_v = (p.V + BV - 1) / BV;
+    /* q, k and v by the TMA where the padded rows fit a box (256 columns) */
+    TmaMaps tm{};
+    const bool bf = mma_traits<E>::bf;
+    p.tma = KT + 8 <= 256 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 && tile_map(&tm.q, p.q, bf, rows, p.H, p.K, KT + 8) &&
+            tile_map(&tm.k, p.k, bf, rows, p.H, p.K, KT + 8) && tile_map(&tm.v, p.v, bf, rows, p.HV, p.V, BV + 8);
     if (maxch > 0) chunk_prep_kernel<KT, E><<<(unsigned)(N * p.H * maxch), PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
     if (!p.sc) {
         p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
-        chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.HV * p.nvb), ST, smem, st>>>(p, ws);
+        chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
         return cudaGetLastError();
     }
     p.maxseg = (maxch + p.sc - 1) / p.sc;
     p.pass = 1; p.nvb = p.nvb_v + (p.K + BV - 1) / BV;
-    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws);
+    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
     seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), 256, 2 * p.K * SCW * sizeof(float), st>>>(p);
     p.pass = 3; p.nvb = p.nvb_v;
-    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws);
+    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
     return cudaGetLastError();
 }
 
 template <typename E>
-cudaError_t launch_k(const ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
-    if (p.K <= 64) return launch<64, 128, E>(p, N, maxch, ws, st);
-    if (p.K <= 128) return launch<128, 128, E>(p, N, maxch, ws, st);
-    return launch<256, 64, E>(p, N, maxch, ws, st);
+cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st) {
+    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st);
+    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st);
+    return launch<256, 64, E>(p, rows, N, maxch, ws, st);
 }
+
 
 }  // namespace
 
@@ -873,8 +975,9 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
     p.seg_p = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + 2 * wl.seg);
     cudaStream_t st = (cudaStream_t)stream;
-    const cudaError_t e = c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, pl->N, maxch, (char *)ws, st)
-                                               : launch_k<__half>(p, pl->N, maxch, (char *)ws, st);
+    const int64_t rows = c->B * c->T;
+    const cudaError_t e = c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st)
+                                               : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
