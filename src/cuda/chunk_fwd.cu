@@ -18,7 +18,7 @@
  * beta and the k rstd in a workspace record per (chunk, value head). The state
  * kernel, one block per (sequence, value head, BV columns of V), walks the
  * chunks with its K x BV state slice in fp32 registers, fetching the next
- * chunk's q, k, v and record with cp.async while this one computes.
+ * chunk's q, k, v and record by the TMA (cp.async where it cannot) while this one computes.
  *
  * Products accumulate in fp32 on the tensor cores: the state products
  * (Q S, K S and the state update) are wgmma with the state's copy and Ud in
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
  * 16 warps, four warpgroups; warp w owns rows 16*(w&3) of the chunk and the
  * column group w>>2 (its warpgroup) for O, R and U; each warpgroup holds a
  * 64-row tile of the state (srow, sn0 below), one wgmma per k step. The next
- * chunk's q, v, k (double-buffered) and record are fetched with cp.async
+ * chunk's q, v, k (double-buffered) and record are fetched by the TMA (or cp.async)
  * while this one computes. q and k stay raw: their rstd scale rows and
  * columns of the products instead. ---- */
 constexpr int SW = 16, ST = 32 * SW;   /* state kernel warps, threads: 4 row blocks x NCG column groups */
