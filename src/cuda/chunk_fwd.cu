@@ -222,12 +222,11 @@ __device__ __forceinline__ void tma_rows(void *dst, const CUtensorMap *map, int 
 
 
 /* The per-(chunk slot, value head) record the prep kernel leaves for the
- * state kernel: T, then P (bf16 / f16, [C][LT] each, rows padded as the state
- * kernel keeps them, so one bulk copy lands them), then gc, beta, the k rstd
- * and the q rstd (fp32 [C] each). Chunk i of sequence n is slot bos/C + n + i:
- * slots of consecutive sequences never overlap, and there are at most
- * B*T/C + N + 1. */
-constexpr int LT = CC + 8, REC_M = CC * LT * 2, REC_F = 4 * CC * 4, REC = 2 * REC_M + REC_F;
+ * state kernel: T (bf16 / f16, [C][LT], rows padded as the state kernel keeps
+ * them, so one bulk copy lands them), then gc, beta and the k rstd (fp32 [C]
+ * each). Chunk i of sequence n is slot bos/C + n + i: slots of consecutive
+ * sequences never overlap, and there are at most B*T/C + N + 1. */
+constexpr int LT = CC + 8, REC_T = CC * LT * 2, REC_F = 3 * CC * 4, REC = REC_T + REC_F;
 __device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return bos / CC + n + i; }
 
 __device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
@@ -285,64 +284,26 @@ __device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int 
     }
 }
 
-/* ---- kernel 1: per (sequence, chunk, q/k head), for each of the G value
- * heads T = (I + A)^-1 and P = tril(Q K^T * exp(gc_t - gc_s)) * scale (q, k
- * rstd folded in), with the q and k rstd; none of it depends on the state, so
- * the whole grid runs at once and the latency-bound inverse hides behind
- * other blocks ---- */
+/* ---- kernel 1: per (sequence, chunk, q/k head), T = (I + A)^-1 for each
+ * of the G value heads; independent of the state, so the whole grid runs at
+ * once and the latency-bound inverse hides behind other blocks ---- */
 constexpr int PT = 128;   /* prep threads */
 
-template <int KT> struct PrepSmem {   /* A lies over Q and T over K: both are dead once their products are in registers */
-    static constexpr int LK = KT + 8, M = CC * AF * 4 > CC * LK * 2 ? CC * AF * 4 : CC * LK * 2;
-    static constexpr int k = 0, a = M, y = 2 * M, f = y + 4 * 128 * 4, bytes = f + 4 * CC * 4;
+template <int KT> struct PrepSmem {   /* T lies over K where it fits: K is dead once K K^T is in registers */
+    static constexpr int LK = KT + 8;
+    static constexpr bool TK = CC * AF * 4 <= CC * LK * 2;
+    static constexpr int k = 0, a = k + CC * LK * 2, t = TK ? k : a + CC * AF * 4, y = a + (TK ? 1 : 2) * CC * AF * 4;
+    static constexpr int f = y + 4 * 128 * 4, bytes = f + 3 * CC * 4;
 };
-
-/* the 16x16 tiles on and below the diagonal of row block w of X Y^T, X and Y
- * [CC][LK] in shared memory; acc[a] is the n8 tile a */
-template <int KT, int LK, typename E>
-__device__ __forceinline__ void tril_xyt(float acc[8][4], const E *X, const E *Y, int w, int lane) {
-    using M = mma_traits<E>;
-#pragma unroll
-    for (int a = 0; a < 8; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) {
-        uint32_t af[4];
-        ldsm4(af, frag_a(X, LK, w * 16, kk * 16, lane));
-#pragma unroll
-        for (int np = 0; np < 4; np++)
-            if (np <= w) {
-                uint32_t bf[4];
-                ldsm4(bf, frag_bn(Y, LK, np * 16, kk * 16, lane));
-                M::mma(acc[2 * np], af, bf[0], bf[1]);
-                M::mma(acc[2 * np + 1], af, bf[2], bf[3]);
-            }
-    }
-}
-
-/* the rstd of rows [0, CC) of X [CC][LK] (1 without the L2 norm): two lanes
- * a row, warp w rows 16 w.. */
-template <int KT, int LK, typename E>
-__device__ __forceinline__ float row_rstd(const E *X, bool l2, int w, int lane) {
-    using M = mma_traits<E>;
-    const int r = w * 16 + (lane >> 1);
-    float ss = 0.f;
-    for (int x = (lane & 1) * (KT / 2); x < (lane & 1) * (KT / 2) + KT / 2; x += 2) {
-        const uint32_t v2 = *reinterpret_cast<const uint32_t *>(X + r * LK + x);
-        const float a = M::lo(v2), b = M::hi(v2);
-        ss += a * a + b * b;
-    }
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    return l2 ? rsqrtf(ss + 1e-6f) : 1.f;
-}
 
 template <int KT, typename E>
 __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
     using S = PrepSmem<KT>;
     using M = mma_traits<E>;
     extern __shared__ __align__(16) char sm[];
-    E *Ks = reinterpret_cast<E *>(sm + S::k), *Qs = reinterpret_cast<E *>(sm + S::a);
-    float *Af = reinterpret_cast<float *>(sm + S::a), *Tf = reinterpret_cast<float *>(sm + S::k);
-    float *gc = reinterpret_cast<float *>(sm + S::f), *bt = gc + CC, *rk = bt + CC, *rq = rk + CC;
+    E *Ks = reinterpret_cast<E *>(sm + S::k);
+    float *Af = reinterpret_cast<float *>(sm + S::a), *Tf = reinterpret_cast<float *>(sm + S::t);
+    float *gc = reinterpret_cast<float *>(sm + S::f), *bt = gc + CC, *rk = bt + CC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int i = blockIdx.x % maxch, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
     int64_t bos, len;
@@ -351,29 +312,45 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
     const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
     const int64_t row0 = bos + (int64_t)i * CC;
     load_rows<KT, S::LK>(Ks, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
-    load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
     cp_wait_all();
     __syncthreads();
+    /* k rstd: two lanes per row */
     {
-        const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
         const int r = w * 16 + (lane >> 1);
-        const float sk = row_rstd<KT, S::LK>(Ks, l2, w, lane), sq = row_rstd<KT, S::LK>(Qs, l2, w, lane);
+        float ss = 0.f;
+        for (int x = (lane & 1) * (KT / 2); x < (lane & 1) * (KT / 2) + KT / 2; x += 2) {
+            const uint32_t v2 = *reinterpret_cast<const uint32_t *>(Ks + r * S::LK + x);
+            const float a = M::lo(v2), b = M::hi(v2);
+            ss += a * a + b * b;
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        const float rs = (p.flags & GDN_QK_L2NORM) ? rsqrtf(ss + 1e-6f) : 1.f;
         if ((lane & 1) == 0) {
-            rk[r] = sk; rq[r] = sq;
-            if (p.rstd_k && r < c) p.rstd_k[(row0 + r) * p.H + h] = sk;
-            if (p.rstd_q && r < c) p.rstd_q[(row0 + r) * p.H + h] = sq;
+            rk[r] = rs;
+            if (p.rstd_k && r < c) p.rstd_k[(row0 + r) * p.H + h] = rs;
         }
     }
-    /* raw K K^T and Q K^T, row block w, kept in registers across the G value heads */
-    float acc[8][4], qk[8][4];
-    tril_xyt<KT, S::LK>(acc, Ks, Ks, w, lane);
-    tril_xyt<KT, S::LK>(qk, Qs, Ks, w, lane);
+    /* raw K K^T, row block w, kept in registers across the G value heads */
+    float acc[8][4];
+#pragma unroll
+    for (int a = 0; a < 8; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+        uint32_t af[4];
+        ldsm4(af, frag_a(Ks, S::LK, w * 16, kk * 16, lane));
+#pragma unroll
+        for (int np = 0; np < 4; np++)
+            if (np <= w) {
+                uint32_t bf[4];
+                ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
+                M::mma(acc[2 * np], af, bf[0], bf[1]);
+                M::mma(acc[2 * np + 1], af, bf[2], bf[3]);
+            }
+    }
     float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
     for (int jj = 0; jj < p.G; jj++) {
         const int j = h * p.G + jj;
-        char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
-        __syncthreads();   /* Q, K (first head) or the last head's T and gates are read */
         if (w == 0) chunk_gate(p, row0, c, j, gc, bt);
         __syncthreads();
         /* A = strict_tril(beta_t rk_t rk_s exp(gc_t - gc_s) k_t.k_s) */
@@ -428,36 +405,8 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
             }
             __syncthreads();
         }
-        /* P = tril(scale rq_t rk_s exp(gc_t - gc_s) q_t.k_s) over A (dead), then
-         * PT = P T (tf32) to the record from registers: the state kernel's O
-         * takes (P T) R, so U is needed only for the state update */
-#pragma unroll
-        for (int a = 0; a < 8; a++)
-            if (a < 2 * (w + 1))
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int t = w * 16 + g + (e >> 1) * 8, s = a * 8 + 2 * tq + (e & 1);
-                    Af[t * AF + s] = s <= t ? p.scale * rq[t] * rk[s] * __expf(gc[t] - gc[s]) * qk[a][e] : 0.f;
-                }
-        __syncthreads();
-        {
-            E *PTr = reinterpret_cast<E *>(rec + REC_M);
-#pragma unroll
-            for (int a = 0; a < 8; a++) {
-                float y[4] = {0.f, 0.f, 0.f, 0.f};
-                if (a < 2 * (w + 1))   /* P T is lower triangular: m runs over [a * 8, 16 (w + 1)) */
-                    for (int kk = (a >> 1) * 16; kk < 16 * (w + 1); kk += 8) {
-                        const float *a0 = Af + (w * 16 + g) * AF + kk + tq;
-                        const uint32_t af[4] = {tf32(a0[0]), tf32(a0[8 * AF]), tf32(a0[4]), tf32(a0[8 * AF + 4])};
-                        const float *b0 = Tf + (kk + tq) * AF + a * 8 + g;
-                        mma_tf32(y, af, tf32(b0[0]), tf32(b0[4 * AF]));
-                    }
-                const int t = w * 16 + g, s0 = a * 8 + 2 * tq;
-                *reinterpret_cast<uint32_t *>(PTr + t * LT + s0) = M::pack(s0 <= t ? y[0] : 0.f, s0 + 1 <= t ? y[1] : 0.f);
-                *reinterpret_cast<uint32_t *>(PTr + (t + 8) * LT + s0) = M::pack(s0 <= t + 8 ? y[2] : 0.f, s0 + 1 <= t + 8 ? y[3] : 0.f);
-            }
-        }
-        /* the record: T (zero above the diagonal blocks' diagonal), gc, beta, rk, rq */
+        /* the record: T (zero above the diagonal blocks' diagonal), gc, beta, rk */
+        char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
         for (int x = tid; x < CC * CC / 8; x += PT) {
             const int r = x / (CC / 8), c8 = (x % (CC / 8)) * 8;
             uint4 v;
@@ -469,8 +418,9 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
             }
             *reinterpret_cast<uint4 *>(rec + (r * LT + c8) * 2) = v;
         }
-        float *recf = reinterpret_cast<float *>(rec + 2 * REC_M);
-        for (int x = tid; x < 4 * CC; x += PT) recf[x] = gc[x];   /* gc, bt, rk, rq lie in that order */
+        float *recf = reinterpret_cast<float *>(rec + REC_T);
+        for (int x = tid; x < 3 * CC; x += PT) recf[x] = x < CC ? gc[x] : x < 2 * CC ? bt[x - CC] : rk[x - 2 * CC];
+        __syncthreads();
     }
 }
 
@@ -492,13 +442,14 @@ template <int KT, int BV> struct StateSmem {
     static constexpr int q = 0, k0 = q + CC * LK * 2, k1 = K2 ? k0 + CC * LK * 2 : k0, v = k1 + CC * LK * 2;
     /* s: the state's bf16 / f16 copy, hi then lo, blocked for wgmma (KT x BV each);
      * ud: Ud likewise (CC x BV each) */
-    static constexpr int s = v + CC * LV * 2, t = s + 2 * KT * BV * 2, p = t + CC * LC * 2;   /* T, P: as in the record */
-    static constexpr int r = p + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2;
-    static constexpr int f = ud + 2 * CC * BV * 2;   /* f: 2 x (gc, bt, rk, rq) */
-    static constexpr int mb = f + 2 * REC_F;         /* the fetch's mbarrier */
+    static constexpr int s = v + CC * LV * 2, p = s + 2 * KT * BV * 2, t = p + CC * LC * 2;
+    static constexpr int r = t + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2;
+    static constexpr int f = ud + 2 * CC * BV * 2;   /* f: 2 x (gc, bt, rk) */
+    static constexpr int rq = f + 2 * 3 * CC * 4;    /* the chunk's q rstd */
+    static constexpr int mb = rq + CC * 4;          /* the fetch's mbarrier */
     static constexpr int bytes = mb + 16 + 128;   /* + the base's alignment for the TMA */
-    /* what one chunk's TMA fetch moves: q, k, v as padded rows, the record's T, P and f */
-    static constexpr uint32_t fetch_bytes = CC * (2 * LK + LV) * 2 + 2 * REC_M + REC_F;
+    /* what one chunk's TMA fetch moves: q, k, v as padded rows, the record's T and f */
+    static constexpr uint32_t fetch_bytes = CC * (2 * LK + LV) * 2 + REC_T + REC_F;
 };
 
 template <int KT, int BV, typename E>
@@ -526,7 +477,9 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
     const bool want_o = p.pass != 1;                    /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
-    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const bool save_rq = p.rstd_q && p.pass != 1 && vb == 0 && j % p.G == 0;
+    float *rqs = reinterpret_cast<float *>(sm + S::rq);
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
     void *mb = sm + S::mb;
@@ -552,7 +505,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         const E *qs = static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K;
         const E *vs = static_cast<const E *>(p.v) + (row0 * p.HV + j) * p.V;
-        const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC + 2 * REC_M;
+        const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC + REC_T;
         char *f = sm + S::f + (i & 1) * REC_F;
         if (bulk(i)) {
             if (w == 0) {
@@ -569,11 +522,11 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         }
         if (S::K2) fetch_k(i);
     };
-    auto fetch_tp = [&](int i) {   /* T and P -> Ts, Ps */
+    auto fetch_t = [&](int i) {
         const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
         if (!bulk(i))
-            for (int x = tid; x < 2 * REC_M / 16; x += ST) cp16(reinterpret_cast<char *>(Ts) + 16 * x, rec + 16 * x, true);
-        else if (tid == 0) bulk_copy(Ts, rec, 2 * REC_M, mb);
+            for (int x = tid; x < REC_T / 16; x += ST) cp16(reinterpret_cast<char *>(Ts) + 16 * x, rec + 16 * x, true);
+        else if (tid == 0) bulk_copy(Ts, rec, REC_T, mb);
     };
 
     /* the state: this warp's tiles of the K x BV slice, fp32: m16 tile w % MT,
@@ -614,7 +567,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 
     if (tid == 0) mb_init(mb);
     __syncthreads();
-    if (i0 < nch) { fetch_qkv(i0); if (!S::K2) fetch_k(i0); fetch_tp(i0); cp_commit(); }
+    if (i0 < nch) { fetch_qkv(i0); if (!S::K2) fetch_k(i0); fetch_t(i0); cp_commit(); }
     store_state_copy();
     uint32_t phase = 0;   /* of the mbarrier: flips with each bulk-fetched chunk */
 #ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, thread 0 */
@@ -627,7 +580,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
-        const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * REC_F), *bt = gc + CC, *rk = bt + CC, *rq = rk + CC;
+        const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * 3 * CC * 4), *bt = gc + CC, *rk = bt + CC;
         if (bulk(i)) { mb_wait(mb, phase); phase ^= 1; }
         cp_wait_all();
         __syncthreads();
@@ -635,13 +588,39 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const float gL = gc[CC - 1];
         const int t0 = rb * 16 + g, t1 = t0 + 8;   /* this thread's two rows */
 
-        /* ---- A: O = Q S, X = K S; R ---- */
-        float o[NTW][4], x[NTW][4];
+        /* ---- A: q rstd; O = Q S, X = K S; P, R ---- */
+        /* q rstd: the 4 warps of row block rb take 4 of its rows each, 8 lanes a
+         * row; shared with the other three through rqs after the products */
+        {
+            const int r = rb * 16 + cg * 4 + (lane >> 3);
+            float ss = 0.f;
+            if (l2)
+                for (int x = (lane & 7) * 8; x < KT; x += 64) {
+                    const uint4 v = *reinterpret_cast<const uint4 *>(Qs + r * S::LK + x);
+                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
+                }
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
+            if ((lane & 7) == 0) {
+                rqs[r] = rs;
+                if (save_rq && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
+            }
+        }
+        PROF(1);
+        float o[NTW][4], x[NTW][4], pa[4 / NCG][2][4];
 #pragma unroll
         for (int a = 0; a < NTW; a++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[a][e] = x[a][e] = 0.f;
-        /* O and X on the tensor cores (warpgroup cg: columns cg * CW, its warps the row blocks) */
+#pragma unroll
+        for (int pb = 0; pb < 4 / NCG; pb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pa[pb][0][e] = pa[pb][1][e] = 0.f;
+        /* O and X on the tensor cores asynchronously (warpgroup cg: columns
+         * cg * CW, its warps the row blocks), P by mma.sync meanwhile */
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KT / 16; kk++) {
@@ -649,18 +628,28 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             ldsm4(aq, frag_a(Qs, S::LK, rb * 16, kk * 16, lane));
             ldsm4(ak, frag_a(Ks, S::LK, rb * 16, kk * 16, lane));
             const uint64_t dh = wg_desc(Ss + blk(kk * 16, cg * CW, NCB), NCB), dl = dh + ((KT * BV * 2) >> 4);
-            /* no branches between the wgmma: a divergent path serialises them (so pass 1 forms O too) */
+            /* no branches between the wgmma: a divergent path serialises them
+             * (so pass 1 forms O and P too, and tiles right of the diagonal) */
             wgmma_rs<CW, M::bf>(&o[0][0], aq, dh);
             if (M::split) wgmma_rs<CW, M::bf>(&o[0][0], aq, dl);
             wgmma_rs<CW, M::bf>(&x[0][0], ak, dh);
             if (M::split) wgmma_rs<CW, M::bf>(&x[0][0], ak, dl);
             wg_commit();
+#pragma unroll
+            for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb */
+                uint32_t bf[4];
+                ldsm4(bf, frag_bn(Ks, S::LK, (cg + NCG * pb) * 16, kk * 16, lane));
+                M::mma(pa[pb][0], aq, bf[0], bf[1]);
+                M::mma(pa[pb][1], aq, bf[2], bf[3]);
+            }
             wg_wait<1>();   /* at most one k step in flight: its A fragments stay in registers until read */
         }
         wg_wait<0>();
         PROF(2);
+        /* the row block's 4 warps (one per warpgroup) have written its rq */
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + rb), "n"(128) : "memory");
+        const float rq0 = rqs[t0], rq1 = rqs[t1];
         {
-            const float rq0 = rq[t0], rq1 = rq[t1];
             const float fo0 = p.scale * rq0 * __expf(gc[t0]), fo1 = p.scale * rq1 * __expf(gc[t1]);
             const float e0 = __expf(gc[t0]) * rk[t0], e1 = __expf(gc[t1]) * rk[t1], b0 = bt[t0], b1 = bt[t1];
 #pragma unroll
@@ -673,6 +662,24 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     M::pack(b0 * (M::lo(v0) - e0 * x[a][0]), b0 * (M::hi(v0) - e0 * x[a][1]));
                 *reinterpret_cast<uint32_t *>(Rs + t1 * S::LV + col) =
                     M::pack(b1 * (M::lo(v1) - e1 * x[a][2]), b1 * (M::hi(v1) - e1 * x[a][3]));
+            }
+#pragma unroll
+            for (int pb = 0; pb < 4 / NCG; pb++) {
+                const int np = cg + NCG * pb;
+                if (np <= rb)
+#pragma unroll
+                    for (int hn = 0; hn < 2; hn++) {
+                        const int s0 = np * 16 + hn * 8 + 2 * tq;
+                        float v[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int t = e < 2 ? t0 : t1, s = s0 + (e & 1);
+                            const float rq = e < 2 ? rq0 : rq1;
+                            v[e] = s <= t ? p.scale * rq * rk[s] * __expf(gc[t] - gc[s]) * pa[pb][hn][e] : 0.f;
+                        }
+                        *reinterpret_cast<uint32_t *>(Ps + t0 * S::LC + s0) = M::pack(v[0], v[1]);
+                        *reinterpret_cast<uint32_t *>(Ps + t1 * S::LC + s0) = M::pack(v[2], v[3]);
+                    }
             }
         }
         __syncthreads();
@@ -702,6 +709,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #pragma unroll
             for (int a = 0; a < NTW; a++) {
                 const int col = cg * CW + a * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(Us + t0 * S::LV + col) = M::pack(u[a][0], u[a][1]);
+                *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(u[a][2], u[a][3]);
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {   /* Ud as hi + lo, as the state */
                     const float dd = hf ? d1 : d0, a0 = dd * u[a][2 * hf], a1 = dd * u[a][2 * hf + 1];
@@ -716,8 +725,9 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         PROF(5);
         __syncthreads();
         PROF(6);
+        if (i + 1 < nch) { fetch_t(i + 1); cp_commit(); }
 
-        /* ---- E: O += (P T) R (staged in Us); S = exp(gL) S + K^T Ud ---- */
+        /* ---- E: O += P U (staged in Rs); S = exp(gL) S + K^T Ud ---- */
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
             if (want_o && kk <= rb) {
@@ -726,7 +736,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #pragma unroll
                 for (int np = 0; np < NTW / 2; np++) {
                     uint32_t bf[4];
-                    ldsm4t(bf, frag_bk(Rs, S::LV, kk * 16, cg * CW + np * 16, lane));
+                    ldsm4t(bf, frag_bk(Us, S::LV, kk * 16, cg * CW + np * 16, lane));
                     M::mma(o[2 * np], af, bf[0], bf[1]);
                     M::mma(o[2 * np + 1], af, bf[2], bf[3]);
                 }
@@ -734,8 +744,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #pragma unroll
         for (int a = 0; a < NTW; a++) {
             const int col = cg * CW + a * 8 + 2 * tq;
-            *reinterpret_cast<uint32_t *>(Us + t0 * S::LV + col) = M::pack(o[a][0], o[a][1]);
-            *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(o[a][2], o[a][3]);
+            *reinterpret_cast<uint32_t *>(Rs + t0 * S::LV + col) = M::pack(o[a][0], o[a][1]);
+            *reinterpret_cast<uint32_t *>(Rs + t1 * S::LV + col) = M::pack(o[a][2], o[a][3]);
         }
         {
             const float dl = __expf(gL);
@@ -763,13 +773,13 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         }
         __syncthreads();
         PROF(10);
-        if (i + 1 < nch) { fetch_tp(i + 1); if (!S::K2) fetch_k(i + 1); cp_commit(); }   /* T, P (and K) were in use until now */
+        if (!S::K2 && i + 1 < nch) { fetch_k(i + 1); cp_commit(); }   /* K was in use until now */
         /* O rows of this chunk, 16 bytes per thread */
         for (int x = tid; x < (p.pass == 1 ? 0 : c) * (BV / 8); x += ST) {
             const int r = x / (BV / 8), c8 = (x % (BV / 8)) * 8, col = vcol0 + c8;
             if (col >= p.V) continue;
             E *dst = static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + col;
-            const uint4 wv = *reinterpret_cast<const uint4 *>(Us + r * S::LV + c8);
+            const uint4 wv = *reinterpret_cast<const uint4 *>(Rs + r * S::LV + c8);
             if ((p.V & 7) == 0) *reinterpret_cast<uint4 *>(dst) = wv;
             else {
                 const E *xe = reinterpret_cast<const E *>(&wv);
@@ -782,7 +792,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     if (tid == 0 && blockIdx.x == 0 && nch > i0)
         printf("chunk_state KT=%d: cycles per chunk: wait %lld | A: rstd %lld products %lld epilogue %lld | D: fetch %lld U %lld "
                "sync %lld | E: PU + state issue %lld state wait %lld copy %lld sync %lld | store %lld\n", KT,
-               prof[0] / (nch - i0), prof[2] / (nch - i0), prof[3] / (nch - i0), prof[4] / (nch - i0),
+               prof[0] / (nch - i0), prof[1] / (nch - i0), prof[2] / (nch - i0), prof[3] / (nch - i0), prof[4] / (nch - i0),
                prof[5] / (nch - i0), prof[6] / (nch - i0), prof[7] / (nch - i0), prof[8] / (nch - i0), prof[9] / (nch - i0),
                prof[10] / (nch - i0), prof[11] / (nch - i0));
 #endif
@@ -809,8 +819,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
  * columns of V); warpgroup wg owns CW = 128 / NWG of the columns and the K x CW
  * state slice over them, and runs the whole chunk step for them alone:
  *
- *   X = K S, O = Q S        R = diag(beta) (V - diag(exp gc rk) X)
- *   U = T R, O += (P T) R   S = exp(gL) S + K^T diag(rk exp(gL - gc)) U
+ *   X = K S, O = Q S, P (in registers)    R = diag(beta) (V - diag(exp gc rk) X)
+ *   U = T R, O += P U                     S = exp(gL) S + K^T diag(rk exp(gL - gc)) U
  *
  * The columns are independent, so the warpgroups meet at no block barrier:
  * they drift apart and one's tensor-core work covers another's latency. The
@@ -843,7 +853,8 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
     seq_range(p, n, &bos, &len);
     const int nch = (int)((len + CC - 1) / CC);
     const int col0 = vb * 128 + wg * CW;   /* this warpgroup's first column of V */
-    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const bool save_rq = p.rstd_q && vb == 0 && wg == 0 && j % p.G == 0;
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     E *Sc = reinterpret_cast<E *>(sm + S::wgs + wg * S::wg + S::sc);
     E *Rb = reinterpret_cast<E *>(sm + S::wgs + wg * S::wg + S::r);
@@ -920,8 +931,8 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
         const int sidx = i & 1;
         const char *stg = sm + sidx * S::stage;
         E *Qs = reinterpret_cast<E *>(const_cast<char *>(stg) + S::q), *Ks = reinterpret_cast<E *>(const_cast<char *>(stg) + S::k);
-        const E *Ts = reinterpret_cast<const E *>(stg + S::rec), *PTs = Ts + CC * LT;
-        const float *gc = reinterpret_cast<const float *>(stg + S::rec + 2 * REC_M), *bt = gc + CC, *rk = bt + CC, *rq = rk + CC;
+        const E *Ts = reinterpret_cast<const E *>(stg + S::rec);
+        const float *gc = reinterpret_cast<const float *>(stg + S::rec + REC_T), *bt = gc + CC, *rk = bt + CC;
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         mb_wait(full + sidx, (i >> 1) & 1);
@@ -934,12 +945,18 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
         const int t0 = 16 * wi + g, t1 = t0 + 8;
         const float gL = gc[CC - 1];
 
-        /* X = K S, O = Q S */
-        float o[NT][4], x[NT][4];
+        /* X = K S, O = Q S on the tensor cores; meanwhile the warp's rows of
+         * Q K^T by mma.sync (into registers: they become P, the A operand of
+         * P U) and of sum q^2 (the q rstd) from the same Q fragments */
+        float o[NT][4], x[NT][4], pa[4][2][4], sq0 = 0.f, sq1 = 0.f;
 #pragma unroll
         for (int a = 0; a < NT; a++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[a][e] = x[a][e] = 0.f;
+#pragma unroll
+        for (int np = 0; np < 4; np++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pa[np][0][e] = pa[np][1][e] = 0.f;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KT / 16; kk++) {
@@ -952,13 +969,51 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
             wgmma_rs<CW, M::bf>(&o[0][0], aq, dh);
             if (M::split) wgmma_rs<CW, M::bf>(&o[0][0], aq, dl);
             wg_commit();
+#pragma unroll
+            for (int np = 0; np < 4; np++) {   /* all four column blocks: no branch between the wgmma */
+                uint32_t bf[4];
+                ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
+                M::mma(pa[np][0], aq, bf[0], bf[1]);
+                M::mma(pa[np][1], aq, bf[2], bf[3]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                const float a0 = M::lo(aq[e]), a1 = M::hi(aq[e]), b0 = M::lo(aq[e + 1]), b1 = M::hi(aq[e + 1]);
+                sq0 += a0 * a0 + a1 * a1;
+                sq1 += b0 * b0 + b1 * b1;
+            }
             wg_wait<1>();
         }
         wg_wait<0>();
+        /* q rstd of rows t0, t1 (the four lanes of a row hold a quarter each) */
+        sq0 += __shfl_xor_sync(0xffffffffu, sq0, 1); sq0 += __shfl_xor_sync(0xffffffffu, sq0, 2);
+        sq1 += __shfl_xor_sync(0xffffffffu, sq1, 1); sq1 += __shfl_xor_sync(0xffffffffu, sq1, 2);
+        const float rq0 = l2 ? rsqrtf(sq0 + 1e-6f) : 1.f, rq1 = l2 ? rsqrtf(sq1 + 1e-6f) : 1.f;
+        if (save_rq && tq == 0) {
+            if (t0 < c) p.rstd_q[(row0 + t0) * p.H + h] = rq0;
+            if (t1 < c) p.rstd_q[(row0 + t1) * p.H + h] = rq1;
+        }
+        /* P = tril(scale rq_t rk_s exp(gc_t - gc_s) q_t.k_s) as A fragments: the
+         * accumulators of n8 tiles 2 np, 2 np + 1 are the A fragment of k16 block np */
+        uint32_t pf[4][4];
+#pragma unroll
+        for (int np = 0; np < 4; np++)
+#pragma unroll
+            for (int hn = 0; hn < 2; hn++) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = e < 2 ? t0 : t1, s = np * 16 + hn * 8 + 2 * tq + (e & 1);
+                    const float f = (e < 2 ? rq0 : rq1) * p.scale * rk[s] * __expf(fminf(gc[t] - gc[s], 0.f));
+                    v[e] = s <= t ? f * pa[np][hn][e] : 0.f;
+                }
+                pf[np][2 * hn] = M::pack(v[0], v[1]);
+                pf[np][2 * hn + 1] = M::pack(v[2], v[3]);
+            }
         /* R = beta (V - exp(gc) rk X) -> Rb; O scaled by scale rq exp(gc) */
         {
             const float e0 = __expf(gc[t0]), e1 = __expf(gc[t1]);
-            const float fo0 = p.scale * rq[t0] * e0, fo1 = p.scale * rq[t1] * e1;
+            const float fo0 = p.scale * rq0 * e0, fo1 = p.scale * rq1 * e1;
             const float x0 = e0 * rk[t0], x1 = e1 * rk[t1], b0 = bt[t0], b1 = bt[t1];
 #pragma unroll
             for (int a = 0; a < NT; a++) {
@@ -973,24 +1028,22 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
         }
         if (i + 1 < nch) load_v(i + 1, vr);   /* in flight through the rest of this chunk */
         wg_bar(1 + wg);
-        /* U = T R and O += (P T) R */
+        /* U = T R */
         float u[NT][4];
 #pragma unroll
         for (int a = 0; a < NT; a++) u[a][0] = u[a][1] = u[a][2] = u[a][3] = 0.f;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            uint32_t at[4], ap[4];
+            uint32_t at[4];
             ldsm4(at, frag_a(Ts, LT, 16 * wi, kk * 16, lane));
-            ldsm4(ap, frag_a(PTs, LT, 16 * wi, kk * 16, lane));
-            const uint64_t d = wg_desc(Rb + blk(kk * 16, 0, NC), NC);
-            wgmma_rs<CW, M::bf>(&u[0][0], at, d);
-            wgmma_rs<CW, M::bf>(&o[0][0], ap, d);
+            wgmma_rs<CW, M::bf>(&u[0][0], at, wg_desc(Rb + blk(kk * 16, 0, NC), NC));
             wg_commit();
             wg_wait<1>();
         }
         wg_wait<0>();
-        /* Ud = rk exp(gL - gc) U as hi + lo -> Udb; O out */
+        wg_bar(1 + wg);   /* every warp's part of T R has read R: U goes over it */
+        /* U -> Rb; Ud = rk exp(gL - gc) U as hi + lo -> Udb */
         {
             const float d0 = rk[t0] * __expf(gL - gc[t0]), d1 = rk[t1] * __expf(gL - gc[t1]);
 #pragma unroll
@@ -1000,13 +1053,14 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
                     const float dd = hf ? d1 : d0, a0 = dd * u[a][2 * hf], a1 = dd * u[a][2 * hf + 1];
                     const uint32_t hi = M::pack(a0, a1);
                     const int at = blk(hf ? t1 : t0, 8 * a + 2 * tq, NC);
+                    *reinterpret_cast<uint32_t *>(Rb + at) = M::pack(u[a][2 * hf], u[a][2 * hf + 1]);
                     *reinterpret_cast<uint32_t *>(Udb + at) = hi;
                     if (M::split) *reinterpret_cast<uint32_t *>(Udb + CC * CW + at) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
                 }
             fence_async_smem();
         }
         wg_bar(1 + wg);
-        /* S = exp(gL) S + K^T Ud (K^T fragments from the stage's K, transposed) */
+        /* O += P U; S = exp(gL) S + K^T Ud (K^T fragments from the stage's K, transposed) */
         {
             const float dl = __expf(gL);
 #pragma unroll
@@ -1019,6 +1073,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 const uint64_t dh = wg_desc(Udb + blk(kk * 16, 0, NC), NC), dlo = dh + ((CC * CW * 2) >> 4);
+                wgmma_rs<CW, M::bf>(&o[0][0], pf[kk], wg_desc(Rb + blk(kk * 16, 0, NC), NC));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     uint32_t af[4];
@@ -1030,7 +1085,8 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
                 wg_wait<1>();
             }
         }
-        /* O rows of this chunk while the update runs */
+        wg_wait<0>();
+        /* O rows of this chunk */
 #pragma unroll
         for (int a = 0; a < NT; a++) {
             const int col = col0 + 8 * a + 2 * tq;
@@ -1040,7 +1096,6 @@ __global__ void __launch_bounds__(128 * NWG, 1) chunk_cols_kernel(ChunkArgs p, c
                 if (t1 < c) *reinterpret_cast<uint32_t *>(dst + (int64_t)t1 * p.HV * p.V) = M::pack(o[a][2], o[a][3]);
             }
         }
-        wg_wait<0>();
         store_state_copy();
         wg_bar(1 + wg);
         /* this warpgroup is done with the stage; the last one refills it */
