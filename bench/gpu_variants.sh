@@ -3,7 +3,8 @@
 #   bench/gpu_variants.sh [tests|notests] [NAME=CUDA_FLAGS ...]
 # Builds the default into build-gpu, runs the cuda test group (unless
 # "notests"), then gdn_bench_cuda; each NAME=FLAGS builds build-NAME with
-# those CUDA flags (e.g. old=-DGDN_CHUNK_NO_COLS) and runs its bench too.
+# those CUDA flags (e.g. nodbg=-DNDEBUG, or a kernel's build option) and
+# runs its bench too, so variants are timed side by side on one card.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-tests}; shift || true

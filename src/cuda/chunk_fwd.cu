@@ -106,6 +106,15 @@ __device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
 }
 
+/* four 8x8 b16 matrices from the accumulator layout (r[m]: row lane / 4,
+ * columns 2 (lane % 4) + {0, 1} of matrix m); lane l gives the address of row
+ * l % 8 of matrix l / 8. A core matrix of the blocked wgmma layout is such a
+ * matrix with 16-byte rows, so one instruction stores four of them. */
+__device__ __forceinline__ void stsm4(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+
 /* wgmma (sm_90a), A from registers (the mma.sync A fragment of the warp's 16
  * rows), B from shared memory in the blocked no-swizzle layout: 8x8 core
  * matrices of 128 contiguous bytes, [k % 8][n % 8] inside, core (kc, nc) at
@@ -549,18 +558,21 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         }
     /* the state enters products as hi + lo halves (S ~ hi + lo to ~16 bits):
      * a single bf16 copy costs ~2^-9 relative per chunk, more than the bound allows */
+    /* matrix m of a stmatrix.x4 over n8 tiles (nt, nt + 1): tile nt + m / 2, rows + 8 (m % 2) */
+    const int sm_row = 8 * ((lane >> 3) & 1) + (lane & 7), sm_tile = lane >> 4;
     auto store_state_copy = [&]() {
 #pragma unroll
-        for (int nt = 0; nt < SNT; nt++) {
-            const int kr = srow + g, vc = (sn0 + nt) * 8 + 2 * tq;
+        for (int nt = 0; nt < SNT; nt += 2) {
+            uint32_t hi[4], lo[4];
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float a = st[nt][2 * hf], b = st[nt][2 * hf + 1];
-                const uint32_t hi = M::pack(a, b);
-                const int at = blk(kr + 8 * hf, vc, NCB);
-                *reinterpret_cast<uint32_t *>(Ss + at) = hi;
-                if (M::split) *reinterpret_cast<uint32_t *>(Ss + KT * BV + at) = M::pack(a - M::lo(hi), b - M::hi(hi));
+            for (int m = 0; m < 4; m++) {
+                const float a = st[nt + (m >> 1)][2 * (m & 1)], b = st[nt + (m >> 1)][2 * (m & 1) + 1];
+                hi[m] = M::pack(a, b);
+                lo[m] = M::pack(a - M::lo(hi[m]), b - M::hi(hi[m]));
             }
+            const int at = blk(srow + sm_row, (sn0 + nt + sm_tile) * 8, NCB);
+            stsm4(Ss + at, hi[0], hi[1], hi[2], hi[3]);
+            if (M::split) stsm4(Ss + KT * BV + at, lo[0], lo[1], lo[2], lo[3]);
         }
         fence_async_smem();
     };
@@ -711,14 +723,19 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 const int col = cg * CW + a * 8 + 2 * tq;
                 *reinterpret_cast<uint32_t *>(Us + t0 * S::LV + col) = M::pack(u[a][0], u[a][1]);
                 *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(u[a][2], u[a][3]);
+            }
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++) {   /* Ud as hi + lo, as the state */
-                    const float dd = hf ? d1 : d0, a0 = dd * u[a][2 * hf], a1 = dd * u[a][2 * hf + 1];
-                    const uint32_t hi = M::pack(a0, a1);
-                    const int at = blk(hf ? t1 : t0, col, NCB);
-                    *reinterpret_cast<uint32_t *>(Ud + at) = hi;
-                    if (M::split) *reinterpret_cast<uint32_t *>(Ud + CC * BV + at) = M::pack(a0 - M::lo(hi), a1 - M::hi(hi));
+            for (int a = 0; a < NTW; a += 2) {   /* Ud as hi + lo, as the state, four core matrices a stmatrix */
+                uint32_t hi[4], lo[4];
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const float dd = (m & 1) ? d1 : d0, a0 = dd * u[a + (m >> 1)][2 * (m & 1)], a1 = dd * u[a + (m >> 1)][2 * (m & 1) + 1];
+                    hi[m] = M::pack(a0, a1);
+                    lo[m] = M::pack(a0 - M::lo(hi[m]), a1 - M::hi(hi[m]));
                 }
+                const int at = blk(rb * 16 + sm_row, cg * CW + (a + sm_tile) * 8, NCB);
+                stsm4(Ud + at, hi[0], hi[1], hi[2], hi[3]);
+                if (M::split) stsm4(Ud + CC * BV + at, lo[0], lo[1], lo[2], lo[3]);
             }
             fence_async_smem();
         }
