@@ -115,6 +115,21 @@ __device__ __forceinline__ void stsm4(void *p, uint32_t r0, uint32_t r1, uint32_
                  "r"(r3) : "memory");
 }
 
+/* pairs (v[m][0], v[m][1]) of four such matrices as hi + lo halves: hi at
+ * dst, lo (the rounding residual; only where the type splits) lo_off
+ * elements on */
+template <typename M, typename E>
+__device__ __forceinline__ void stsm4_hilo(E *dst, int lo_off, const float (&v)[4][2]) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        hi[m] = M::pack(v[m][0], v[m][1]);
+        lo[m] = M::pack(v[m][0] - M::lo(hi[m]), v[m][1] - M::hi(hi[m]));
+    }
+    stsm4(dst, hi[0], hi[1], hi[2], hi[3]);
+    if (M::split) stsm4(dst + lo_off, lo[0], lo[1], lo[2], lo[3]);
+}
+
 /* wgmma (sm_90a), A from registers (the mma.sync A fragment of the warp's 16
  * rows), B from shared memory in the blocked no-swizzle layout: 8x8 core
  * matrices of 128 contiguous bytes, [k % 8][n % 8] inside, core (kc, nc) at
@@ -556,23 +571,20 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             }
             st[nt][e] = x;
         }
-    /* the state enters products as hi + lo halves (S ~ hi + lo to ~16 bits):
-     * a single bf16 copy costs ~2^-9 relative per chunk, more than the bound allows */
     /* matrix m of a stmatrix.x4 over n8 tiles (nt, nt + 1): tile nt + m / 2, rows + 8 (m % 2) */
     const int sm_row = 8 * ((lane >> 3) & 1) + (lane & 7), sm_tile = lane >> 4;
+    /* the state enters products as hi + lo halves (S ~ hi + lo to ~16 bits):
+     * a single bf16 copy costs ~2^-9 relative per chunk, more than the bound allows */
     auto store_state_copy = [&]() {
 #pragma unroll
         for (int nt = 0; nt < SNT; nt += 2) {
-            uint32_t hi[4], lo[4];
+            float v[4][2];
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                const float a = st[nt + (m >> 1)][2 * (m & 1)], b = st[nt + (m >> 1)][2 * (m & 1) + 1];
-                hi[m] = M::pack(a, b);
-                lo[m] = M::pack(a - M::lo(hi[m]), b - M::hi(hi[m]));
+                v[m][0] = st[nt + (m >> 1)][2 * (m & 1)];
+                v[m][1] = st[nt + (m >> 1)][2 * (m & 1) + 1];
             }
-            const int at = blk(srow + sm_row, (sn0 + nt + sm_tile) * 8, NCB);
-            stsm4(Ss + at, hi[0], hi[1], hi[2], hi[3]);
-            if (M::split) stsm4(Ss + KT * BV + at, lo[0], lo[1], lo[2], lo[3]);
+            stsm4_hilo<M>(Ss + blk(srow + sm_row, (sn0 + nt + sm_tile) * 8, NCB), KT * BV, v);
         }
         fence_async_smem();
     };
@@ -725,17 +737,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(u[a][2], u[a][3]);
             }
 #pragma unroll
-            for (int a = 0; a < NTW; a += 2) {   /* Ud as hi + lo, as the state, four core matrices a stmatrix */
-                uint32_t hi[4], lo[4];
+            for (int a = 0; a < NTW; a += 2) {   /* Ud as hi + lo, as the state */
+                float v[4][2];
 #pragma unroll
                 for (int m = 0; m < 4; m++) {
-                    const float dd = (m & 1) ? d1 : d0, a0 = dd * u[a + (m >> 1)][2 * (m & 1)], a1 = dd * u[a + (m >> 1)][2 * (m & 1) + 1];
-                    hi[m] = M::pack(a0, a1);
-                    lo[m] = M::pack(a0 - M::lo(hi[m]), a1 - M::hi(hi[m]));
+                    const float dd = (m & 1) ? d1 : d0;
+                    v[m][0] = dd * u[a + (m >> 1)][2 * (m & 1)];
+                    v[m][1] = dd * u[a + (m >> 1)][2 * (m & 1) + 1];
                 }
-                const int at = blk(rb * 16 + sm_row, cg * CW + (a + sm_tile) * 8, NCB);
-                stsm4(Ud + at, hi[0], hi[1], hi[2], hi[3]);
-                if (M::split) stsm4(Ud + CC * BV + at, lo[0], lo[1], lo[2], lo[3]);
+                stsm4_hilo<M>(Ud + blk(rb * 16 + sm_row, cg * CW + (a + sm_tile) * 8, NCB), CC * BV, v);
             }
             fence_async_smem();
         }
