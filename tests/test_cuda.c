@@ -241,7 +241,7 @@ void test_cuda(void) {
                                   fsets[fi], 1, rng_u64(&r));
         }
     const int cshapes[][4] = {{1, 1, 16, 16}, {2, 4, 24, 40}, {2, 2, 64, 64}, {1, 2, 64, 128}, {1, 2, 128, 128}, {2, 2, 256, 48},
-                              {3, 3, 33, 17}, {2, 4, 128, 128}, {1, 1, 256, 256}, {1, 2, 100, 72}};
+                              {3, 3, 33, 17}, {2, 4, 128, 128}, {1, 1, 256, 256}, {1, 2, 100, 72}, {1, 2, 128, 256}};
     chunk_bad_input();
     /* GDN_TEST_CUDA_CHUNK_ONLY=1: only the chunk forward, on the first shapes
      * (racecheck, which is too slow for the whole group); the last two of

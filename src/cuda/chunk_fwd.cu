@@ -15,19 +15,25 @@
  * Two kernels. The prep kernel, one block per (sequence, chunk, q/k head),
  * forms A and T, which do not depend on the state: the whole grid runs at once
  * and its latency-bound inverse hides behind other blocks. It leaves T, gc,
- * beta and the k rstd in a workspace record per (chunk, value head). The state
- * kernel, one block per (sequence, value head, BV columns of V), walks the
- * chunks with its K x BV state slice in fp32 registers, fetching the next
- * chunk's q, k, v and record by the TMA (cp.async where it cannot) while this one computes.
+ * beta, the q and k rstd and their products in a workspace record per (chunk,
+ * value head). The state kernel, one block per (sequence, value head, 128
+ * columns of V), walks the chunks with its state slice in fp32 registers,
+ * fetching chunks ahead by the TMA while it computes. It comes in two forms:
  *
- * Products accumulate in fp32 on the tensor cores: the state products
- * (Q S, K S and the state update) are wgmma with the state's copy and Ud in
- * shared memory, the small chunk-local ones mma.sync from ldmatrix fragments
- * (rows padded by 16 bytes so the eight row reads of an 8x8 matrix hit
- * distinct banks). With bf16 inputs the state and the update's U enter as
- * hi + lo halves; a single bf16 rounding is too coarse for the bound. Long sequences with few heads are split into segments (DESIGN
- * §8): pass 1 gives each segment's map (P, S_loc), a fp32 scan the incoming
- * states, pass 3 the outputs. bench/NOTES.md has the versions and numbers. */
+ * - transposed (K = 128, whole 128-column blocks of V, TMA-able tensors): S^T
+ *   in the registers of two warpgroups is the A operand of every state
+ *   product, straight from registers; q, k, T and P are the B operands in
+ *   shared memory (chunk_state_t_kernel);
+ * - general (any K, V, alignment): the state's copy and Ud go through shared
+ *   memory as wgmma B operands, the chunk-local products are mma.sync from
+ *   ldmatrix fragments (chunk_state_kernel).
+ *
+ * Products accumulate in fp32 on the tensor cores. With bf16 inputs the state
+ * and the update's U enter as hi + lo halves; a single bf16 rounding is too
+ * coarse for the bound. Long sequences with few heads are split into segments
+ * (DESIGN §8): pass 1 (general form) gives each segment's map (P, S_loc), a
+ * fp32 scan the incoming states, pass 3 the outputs. bench/NOTES.md has the
+ * versions and numbers. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -173,6 +179,30 @@ __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], uint64_t
     }
 }
 
+/* wgmma for the transposed state kernel: the accumulators start from zero
+ * where acc = 0 (no clearing), B is MN-major where tb = 1. RS: A from this
+ * warp's fragment registers; SS: A and B by descriptors, both K-major. */
+#define WG_D64 WG_D32, \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define WG_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define WGX_OP(N, T, R, AB, ACC, TB) "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " " R ", " AB ", p, 1, 1, " TB ";\n}\n"
+template <int N, bool BF, int TB>
+__device__ __forceinline__ void wgt_rs(float *d, const uint32_t a[4], uint64_t desc, int acc) {
+    if constexpr (N == 64) {
+        if constexpr (BF) asm volatile(WGX_OP(64, "bf16", WG_R32, "{%32,%33,%34,%35}, %36", "%37", "%38") : WG_D32 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(64, "f16", WG_R32, "{%32,%33,%34,%35}, %36", "%37", "%38") : WG_D32 : WG_A(), "r"(acc), "n"(TB));
+    } else {
+        static_assert(N == 128, "wgt_rs: N is 64 or 128");
+        if constexpr (BF) asm volatile(WGX_OP(128, "bf16", WG_R64, "{%64,%65,%66,%67}, %68", "%69", "%70") : WG_D64 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(128, "f16", WG_R64, "{%64,%65,%66,%67}, %68", "%69", "%70") : WG_D64 : WG_A(), "r"(acc), "n"(TB));
+    }
+}
+template <bool BF> __device__ __forceinline__ void wgt_ss32(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (BF) asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "0, 0") : WG_D16 : "l"(da), "l"(db), "r"(acc));
+    else asm volatile(WGX_OP(32, "f16", WG_R16, "%16, %17", "%18", "0, 0") : WG_D16 : "l"(da), "l"(db), "r"(acc));
+}
+
 __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -246,11 +276,17 @@ __device__ __forceinline__ void tma_rows(void *dst, const CUtensorMap *map, int 
 
 
 /* The per-(chunk slot, value head) record the prep kernel leaves for the
- * state kernel: T (bf16 / f16, [C][LT], rows padded as the state kernel keeps
- * them, so one bulk copy lands them), then gc, beta and the k rstd (fp32 [C]
- * each). Chunk i of sequence n is slot bos/C + n + i: slots of consecutive
+ * state kernels: T (bf16 / f16) blocked as the tensor cores read it (8 x 8
+ * core matrices of 128 contiguous bytes, core (t / 8, s / 8) at
+ * (t / 8) * 8 + s / 8), then per-token fp32 rows [C] (F_*): the gate cumsum,
+ * beta, the k and q rstd, and the products of them the state kernels scale
+ * by. Chunk i of sequence n is slot bos/C + n + i: slots of consecutive
  * sequences never overlap, and there are at most B*T/C + N + 1. */
-constexpr int LT = CC + 8, REC_T = CC * LT * 2, REC_F = 3 * CC * 4, REC = REC_T + REC_F;
+enum { F_GC, F_BT, F_RK, F_RQ, F_B /* beta exp(gc) rk */, F_CO /* scale rq exp(gc) */, F_CU /* rk exp(gL - gc) */,
+       F_GL /* gc log2(e) */, F_N };
+constexpr int LT = CC + 8, REC_T = CC * CC * 2, REC_F = F_N * CC * 4, REC = REC_T + REC_F;
+/* element offset of (t, s) in a blocked C x C matrix (T, P) */
+__device__ __forceinline__ int blk64(int t, int s) { return ((t >> 3) * 8 + (s >> 3)) * 64 + (t & 7) * 8 + (s & 7); }
 __device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return bos / CC + n + i; }
 
 __device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
@@ -317,7 +353,7 @@ template <int KT> struct PrepSmem {   /* T lies over K where it fits: K is dead 
     static constexpr int LK = KT + 8;
     static constexpr bool TK = CC * AF * 4 <= CC * LK * 2;
     static constexpr int k = 0, a = k + CC * LK * 2, t = TK ? k : a + CC * AF * 4, y = a + (TK ? 1 : 2) * CC * AF * 4;
-    static constexpr int f = y + 4 * 128 * 4, bytes = f + 3 * CC * 4;
+    static constexpr int f = y + 4 * 128 * 4, bytes = f + 4 * CC * 4;   /* gc, bt, rk, rq */
 };
 
 template <int KT, typename E>
@@ -327,7 +363,7 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
     extern __shared__ __align__(16) char sm[];
     E *Ks = reinterpret_cast<E *>(sm + S::k);
     float *Af = reinterpret_cast<float *>(sm + S::a), *Tf = reinterpret_cast<float *>(sm + S::t);
-    float *gc = reinterpret_cast<float *>(sm + S::f), *bt = gc + CC, *rk = bt + CC;
+    float *gc = reinterpret_cast<float *>(sm + S::f), *bt = gc + CC, *rk = bt + CC, *rq = rk + CC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int i = blockIdx.x % maxch, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
     int64_t bos, len;
@@ -337,6 +373,35 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
     const int64_t row0 = bos + (int64_t)i * CC;
     load_rows<KT, S::LK>(Ks, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
+    /* q rstd while K lands: straight from global, 8 lanes a row, warp w rows 16 w.. */
+    {
+        const E *qs = static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K;
+        const bool vec = (p.K & 7) == 0 && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;
+#pragma unroll
+        for (int r4 = 0; r4 < 4; r4++) {
+            const int r = w * 16 + r4 * 4 + (lane >> 3);
+            float ss = 0.f;
+            if ((p.flags & GDN_QK_L2NORM) && r < c) {
+                const E *row = qs + (int64_t)r * p.H * p.K;
+                if (vec)
+                    for (int x = (lane & 7) * 8; x < p.K; x += 64) {
+                        const uint4 v = *reinterpret_cast<const uint4 *>(row + x);
+                        const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
+                    }
+                else
+                    for (int x = lane & 7; x < p.K; x += 8) { const float a = static_cast<float>(row[x]); ss += a * a; }
+            }
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float rs = (p.flags & GDN_QK_L2NORM) ? rsqrtf(ss + 1e-6f) : 1.f;
+            if ((lane & 7) == 0) {
+                rq[r] = rs;
+                if (p.rstd_q && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
+            }
+        }
+    }
     cp_wait_all();
     __syncthreads();
     /* k rstd: two lanes per row */
@@ -429,7 +494,7 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
             }
             __syncthreads();
         }
-        /* the record: T (zero above the diagonal blocks' diagonal), gc, beta, rk */
+        /* the record: T blocked (zero above the diagonal), then the per-token rows */
         char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
         for (int x = tid; x < CC * CC / 8; x += PT) {
             const int r = x / (CC / 8), c8 = (x % (CC / 8)) * 8;
@@ -440,10 +505,25 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
                 const int s0 = c8 + 2 * e;
                 vv[e] = M::pack(s0 <= r ? Tf[r * AF + s0] : 0.f, s0 + 1 <= r ? Tf[r * AF + s0 + 1] : 0.f);
             }
-            *reinterpret_cast<uint4 *>(rec + (r * LT + c8) * 2) = v;
+            *reinterpret_cast<uint4 *>(rec + blk64(r, c8) * 2) = v;
         }
         float *recf = reinterpret_cast<float *>(rec + REC_T);
-        for (int x = tid; x < 3 * CC; x += PT) recf[x] = x < CC ? gc[x] : x < 2 * CC ? bt[x - CC] : rk[x - 2 * CC];
+        const float gL = gc[CC - 1];
+        for (int x = tid; x < F_N * CC; x += PT) {
+            const int f = x / CC, t = x % CC;
+            float y;
+            switch (f) {
+                case F_GC: y = gc[t]; break;
+                case F_BT: y = bt[t]; break;
+                case F_RK: y = rk[t]; break;
+                case F_RQ: y = rq[t]; break;
+                case F_B: y = bt[t] * __expf(gc[t]) * rk[t]; break;
+                case F_CO: y = p.scale * rq[t] * __expf(gc[t]); break;
+                case F_CU: y = rk[t] * __expf(gL - gc[t]); break;
+                default: y = gc[t] * 1.4426950408889634f; break;
+            }
+            recf[x] = y;
+        }
         __syncthreads();
     }
 }
@@ -468,9 +548,8 @@ template <int KT, int BV> struct StateSmem {
      * ud: Ud likewise (CC x BV each) */
     static constexpr int s = v + CC * LV * 2, p = s + 2 * KT * BV * 2, t = p + CC * LC * 2;
     static constexpr int r = t + CC * LC * 2, u = r + CC * LV * 2, ud = u + CC * LV * 2;
-    static constexpr int f = ud + 2 * CC * BV * 2;   /* f: 2 x (gc, bt, rk) */
-    static constexpr int rq = f + 2 * 3 * CC * 4;    /* the chunk's q rstd */
-    static constexpr int mb = rq + CC * 4;          /* the fetch's mbarrier */
+    static constexpr int f = ud + 2 * CC * BV * 2;   /* f: 2 x the record's per-token rows */
+    static constexpr int mb = f + 2 * REC_F;         /* the fetch's mbarrier */
     static constexpr int bytes = mb + 16 + 128;   /* + the base's alignment for the TMA */
     /* what one chunk's TMA fetch moves: q, k, v as padded rows, the record's T and f */
     static constexpr uint32_t fetch_bytes = CC * (2 * LK + LV) * 2 + REC_T + REC_F;
@@ -501,9 +580,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
     const bool want_o = p.pass != 1;                    /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
-    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0, l2 = (p.flags & GDN_QK_L2NORM) != 0;
-    const bool save_rq = p.rstd_q && p.pass != 1 && vb == 0 && j % p.G == 0;
-    float *rqs = reinterpret_cast<float *>(sm + S::rq);
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
     void *mb = sm + S::mb;
@@ -604,7 +681,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
-        const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * 3 * CC * 4), *bt = gc + CC, *rk = bt + CC;
+        const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * REC_F), *bt = gc + F_BT * CC,
+                    *rk = gc + F_RK * CC, *rq = gc + F_RQ * CC;
         if (bulk(i)) { mb_wait(mb, phase); phase ^= 1; }
         cp_wait_all();
         __syncthreads();
@@ -612,27 +690,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const float gL = gc[CC - 1];
         const int t0 = rb * 16 + g, t1 = t0 + 8;   /* this thread's two rows */
 
-        /* ---- A: q rstd; O = Q S, X = K S; P, R ---- */
-        /* q rstd: the 4 warps of row block rb take 4 of its rows each, 8 lanes a
-         * row; shared with the other three through rqs after the products */
-        {
-            const int r = rb * 16 + cg * 4 + (lane >> 3);
-            float ss = 0.f;
-            if (l2)
-                for (int x = (lane & 7) * 8; x < KT; x += 64) {
-                    const uint4 v = *reinterpret_cast<const uint4 *>(Qs + r * S::LK + x);
-                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
-                }
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
-            if ((lane & 7) == 0) {
-                rqs[r] = rs;
-                if (save_rq && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
-            }
-        }
+        /* ---- A: O = Q S, X = K S; P, R ---- */
         PROF(1);
         float o[NTW][4], x[NTW][4], pa[4 / NCG][2][4];
 #pragma unroll
@@ -670,9 +728,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         }
         wg_wait<0>();
         PROF(2);
-        /* the row block's 4 warps (one per warpgroup) have written its rq */
-        asm volatile("bar.sync %0, %1;" ::"r"(1 + rb), "n"(128) : "memory");
-        const float rq0 = rqs[t0], rq1 = rqs[t1];
+        const float rq0 = rq[t0], rq1 = rq[t1];
         {
             const float fo0 = p.scale * rq0 * __expf(gc[t0]), fo1 = p.scale * rq1 * __expf(gc[t1]);
             const float e0 = __expf(gc[t0]) * rk[t0], e1 = __expf(gc[t1]) * rk[t1], b0 = bt[t0], b1 = bt[t1];
@@ -720,7 +776,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             for (int kk = 0; kk < 4; kk++)
                 if (kk <= rb) {
                     uint32_t af[4];
-                    ldsm4(af, frag_a(Ts, S::LC, rb * 16, kk * 16, lane));
+                    ldsm4(af, Ts + blk64(rb * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
                     for (int np = 0; np < NTW / 2; np++) {
                         uint32_t bf[4];
@@ -817,7 +873,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     }
 #ifdef GDN_CHUNK_PROFILE
     if (tid == 0 && blockIdx.x == 0 && nch > i0)
-        printf("chunk_state KT=%d: cycles per chunk: wait %lld | A: rstd %lld products %lld epilogue %lld | D: fetch %lld U %lld "
+        printf("chunk_state KT=%d: cycles per chunk: wait %lld | A: setup %lld products %lld epilogue %lld | D: fetch %lld U %lld "
                "sync %lld | E: PU + state issue %lld state wait %lld copy %lld sync %lld | store %lld\n", KT,
                prof[0] / (nch - i0), prof[1] / (nch - i0), prof[2] / (nch - i0), prof[3] / (nch - i0), prof[4] / (nch - i0),
                prof[5] / (nch - i0), prof[6] / (nch - i0), prof[7] / (nch - i0), prof[8] / (nch - i0), prof[9] / (nch - i0),
@@ -837,6 +893,282 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 const int64_t at = p.pass == 1 ? (int64_t)kr * ncols + vc
                                                : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
                 dst[at] = st[nt][e];
+            }
+    }
+}
+
+/* ---- kernel 2t: the state walk transposed, for K = 128 and whole 128-column
+ * blocks of V. Two warpgroups hold S^T (their 64 columns of V x K) in fp32
+ * registers, so the state, R and U are the A operands of the wgmma straight
+ * from registers, and q, k, T and P are the B operands in shared memory:
+ *   [X | O]^T = S^T [K; Q]^T               (S as hi + lo for bf16)
+ *   P   = Q K^T, masked and scaled         (each warpgroup 32 of its columns)
+ *   R^T = beta V^T - b X^T,   U^T = R^T T^T,   O^T = co O^T + U^T P^T
+ *   S^T = exp(gL) S^T + (cu U)^T K        (U as hi + lo for bf16)
+ * No state copy goes through shared memory, and the only block barriers are
+ * P's exchange and the stage's release. q, k and v come by the TMA in the
+ * 128-byte swizzle and the record by one bulk copy, two chunks ahead. ---- */
+constexpr int TT = 256;   /* threads: two warpgroups */
+struct TStage {           /* one chunk's inputs; 1024-byte aligned pieces for the swizzle */
+    static constexpr int kq = 0;          /* [k cols 0-63][q cols 0-63][k cols 64-127][q cols 64-127], 64 rows x 128 B each */
+    static constexpr int v = 32768;       /* [v cols 0-63][v cols 64-127] */
+    static constexpr int rec = 49152;     /* T blocked, then the per-token rows */
+    static constexpr int bytes = rec + REC;
+};
+struct TSmem {
+    static constexpr int LO = 128 + 8;                    /* O staging row stride (elements) */
+    /* two stages at 0 and TStage::bytes */
+    static constexpr int p = 2 * TStage::bytes;           /* P blocked, C x C */
+    static constexpr int o = p + CC * CC * 2;             /* O rows, C x LO */
+    static constexpr int mb = o + CC * LO * 2;            /* two mbarriers */
+    static constexpr int bytes = mb + 16 + 1024;          /* + the base's alignment */
+};
+static_assert(TStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
+
+/* descriptors: K-major in the 128-byte swizzle (8-row groups 1024 B apart;
+ * lbo: MN-major, the distance of 64-column blocks), and K-major blocked
+ * without swizzle (core matrices along k 128 B apart, along n 1024 B) */
+__device__ __forceinline__ uint64_t desc_sw128(const void *p, int lbo) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ uint64_t desc_blk(const void *p) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32);
+}
+__device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+
+/* fp32 accumulator pairs (m64 layout: v[2i], v[2i+1] at row g, v[2i+2], v[2i+3]
+ * at row g + 8 of n8 tile i) as the A fragment of k step kk */
+template <typename M> __device__ __forceinline__ void afrag(uint32_t a[4], const float *v, int kk) {
+    a[0] = M::pack(v[8 * kk], v[8 * kk + 1]);
+    a[1] = M::pack(v[8 * kk + 2], v[8 * kk + 3]);
+    a[2] = M::pack(v[8 * kk + 4], v[8 * kk + 5]);
+    a[3] = M::pack(v[8 * kk + 6], v[8 * kk + 7]);
+}
+/* the same as hi + lo halves (lo only where the type splits) */
+template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4], uint32_t lo[4], const float *v, int kk) {
+    afrag<M>(hi, v, kk);
+    if (M::split)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            lo[e] = M::pack(v[8 * kk + 2 * e] - M::lo(hi[e]), v[8 * kk + 2 * e + 1] - M::hi(hi[e]));
+}
+
+template <typename E>
+__global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
+    using M = mma_traits<E>;
+    constexpr int NS = M::split ? 2 : 1;
+    extern __shared__ __align__(1024) char smt_raw[];
+    char *sm = smt_raw + ((1024 - (saddr(smt_raw) & 1023)) & 1023);
+    E *Ps = reinterpret_cast<E *>(sm + TSmem::p), *Os = reinterpret_cast<E *>(sm + TSmem::o);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sm + TSmem::mb);
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
+    const int cg = w >> 2, wl = w & 3;   /* warpgroup (64 columns of V), warp in it (16 of them) */
+    const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, sg = (blockIdx.x / (p.nvb * p.HV)) % p.maxseg;
+    const int n = blockIdx.x / (p.nvb * p.HV * p.maxseg), h = j / p.G;
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int nch_all = (int)((len + CC - 1) / CC);
+    const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;
+    if (sg > 0 && i0 >= nch) return;
+    const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
+    const int vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of S^T: d0, d0 + 8 */
+    const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
+
+    auto fetch = [&](int i) {   /* chunk i into stage (i - i0) & 1, by thread 0 */
+        char *stg = sm + ((i - i0) & 1) * TStage::bytes;
+        uint64_t *mb = full + ((i - i0) & 1);
+        const int row0 = (int)(bos + (int64_t)i * CC);
+        mb_expect(mb, TStage::bytes);
+        tma_rows(stg + TStage::kq, &tm.k, 0, h, row0, mb);
+        tma_rows(stg + TStage::kq + 8192, &tm.q, 0, h, row0, mb);
+        tma_rows(stg + TStage::kq + 16384, &tm.k, 64, h, row0, mb);
+        tma_rows(stg + TStage::kq + 24576, &tm.q, 64, h, row0, mb);
+        tma_rows(stg + TStage::v, &tm.v, vcol0, j, row0, mb);
+        tma_rows(stg + TStage::v + 8192, &tm.v, vcol0 + 64, j, row0, mb);
+        bulk_copy(stg + TStage::rec, ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
+    };
+
+    /* S^T: st[4 i + e] = S[k = 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] */
+    float st[64];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+            float x = 0.f;
+            if (vc < p.V) {
+                if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
+                else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
+            }
+            st[4 * i + e] = x;
+        }
+    if (tid == 0) { mb_init(full); mb_init(full + 1); }
+    __syncthreads();
+    if (tid == 0) {
+        if (i0 < nch) fetch(i0);
+        if (i0 + 1 < nch) fetch(i0 + 1);
+    }
+    /* the V^T fragment rows: this lane's token in its 8 x 8 matrix and 16-byte column (swizzled per row) */
+    const int lm = lane >> 3, lr = lane & 7;
+
+    for (int i = i0; i < nch; i++) {
+        char *stg = sm + ((i - i0) & 1) * TStage::bytes;
+        const E *KQ = reinterpret_cast<const E *>(stg + TStage::kq);
+        const char *Vb = stg + TStage::v + cg * 8192;
+        const E *Ts = reinterpret_cast<const E *>(stg + TStage::rec);
+        const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
+        const int64_t row0 = bos + (int64_t)i * CC;
+        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        mb_wait(full + ((i - i0) & 1), ((i - i0) >> 1) & 1);
+        if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero */
+            for (int x = tid; x < (CC - c) * 8 * 4; x += TT) {
+                const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
+                char *base = part < 2 ? stg + TStage::kq + part * 16384 : stg + TStage::v + (part - 2) * 8192;
+                *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fence_async_smem();
+            bar_named(1, TT);
+        }
+
+        /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
+        float xo[64], pa[16];
+        {
+            uint32_t sa[8][NS][4];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
+                wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+            }
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+                wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
+                                desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
+            wg_commit();
+            wg_wait<0>();
+        }
+        /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
+        uint32_t vt[8][2];
+#pragma unroll
+        for (int ip = 0; ip < 8; ip += 2) {
+            const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+            uint32_t r[4];
+            ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+            vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
+        }
+        /* P (rows t of this warp, columns s of this warpgroup): masked, scaled, to shared memory */
+        {
+            const int t0 = wl * 16 + g, t1 = t0 + 8;
+            const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
+            const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
+            float pv[4][4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                const int s0 = cg * 32 + a * 8 + 2 * tq;
+                const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
+                const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
+                pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
+                pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
+                pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
+                pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
+            }
+#pragma unroll
+            for (int a = 0; a < 4; a += 2)
+                stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
+                      M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
+            fence_async_smem();
+        }
+        /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
+        float u[32];
+        {
+            float r[32];
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
+                const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
+                r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
+                r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
+                r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
+                r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+            }
+            uint32_t ra[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
+            wg_commit();
+        }
+        /* O^T = co Q S (per token), while U runs */
+        float o[32];
+#pragma unroll
+        for (int a = 0; a < 8; a++) {
+            const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+            o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
+            o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+        }
+        bar_named(1, TT);   /* both warpgroups' halves of P are in */
+        wg_wait<0>();
+        /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
+        {
+            uint32_t ua[4][4], ud[4][NS][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
+                u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
+            const float dl = __expf(F[F_GC * CC + CC - 1]);
+#pragma unroll
+            for (int x = 0; x < 64; x++) st[x] *= dl;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+            wg_commit();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
+                wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
+                if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
+            }
+            wg_commit();
+            wg_wait<1>();
+        }
+        /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
+#pragma unroll
+        for (int a = 0; a < 8; a += 2)
+            stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
+                   M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
+        bar_named(2 + cg, 128);
+        for (int x = tid & 127; x < c * 8; x += 128) {
+            const int r = x >> 3, c8 = (x & 7) * 8;
+            *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
+                *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
+        }
+        wg_wait<0>();
+        bar_named(1, TT);   /* the stage, P and the O rows are free */
+        if (tid == 0 && i + 2 < nch) fetch(i + 2);
+    }
+    /* the final state: ht (the last segment) */
+    if (nch == nch_all && p.ht) {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                if (vc < p.V) p.ht[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] = st[4 * i + e];
             }
     }
 }
@@ -921,7 +1253,7 @@ cudaError_t smem_attr(Kern k, int bytes, bool *done) {   /* host-side only: capt
  * token-major [rows][heads][cols] tensor of 16-bit elements (tma_rows); false
  * where the TMA cannot take it (unaligned base or row, no driver entry
  * point): cp.async then. Host only, no stream work: capture-safe. */
-bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box) {
+bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box, bool sw128 = false) {
     static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
     static bool tried = false;
     if (!tried) {
@@ -937,7 +1269,8 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
     const cuuint64_t stride[2] = {(cuuint64_t)cols * 2, (cuuint64_t)heads * cols * 2};
     const cuuint32_t bx[3] = {(cuuint32_t)box, 1, CC}, es[3] = {1, 1, 1};
     return enc(m, bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *>(base), dim,
-               stride, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               stride, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -954,10 +1287,27 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     const bool bf = mma_traits<E>::bf;
     p.tma = KT + 8 <= 256 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 && tile_map(&tm.q, p.q, bf, rows, p.H, p.K, KT + 8) &&
             tile_map(&tm.k, p.k, bf, rows, p.H, p.K, KT + 8) && tile_map(&tm.v, p.v, bf, rows, p.HV, p.V, BV + 8);
+    /* the transposed kernel where K = 128, V is whole 128-column blocks and
+     * the TMA takes q, k, v in the 128-byte swizzle (64-column boxes) */
+    TmaMaps tmt{};
+    bool tr = false;
+    if constexpr (KT == 128)
+        tr = p.K == 128 && p.V % 128 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
+             tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
+             tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
+    if (tr) {
+        static bool a3 = false;
+        e = smem_attr(chunk_state_t_kernel<E>, TSmem::bytes, &a3);
+        if (e != cudaSuccess) return e;
+    }
+    auto walk = [&](const ChunkArgs &pa, unsigned blocks) {
+        if (tr && pa.pass != 1) chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(pa, ws, tmt);
+        else chunk_state_kernel<KT, BV, E><<<blocks, ST, smem, st>>>(pa, ws, tm);
+    };
     if (maxch > 0) chunk_prep_kernel<KT, E><<<(unsigned)(N * p.H * maxch), PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
     if (!p.sc) {
         p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
-        chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
+        walk(p, (unsigned)(N * p.HV * p.nvb));
         return cudaGetLastError();
     }
     p.maxseg = (maxch + p.sc - 1) / p.sc;
@@ -965,7 +1315,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
     seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), 256, 2 * p.K * SCW * sizeof(float), st>>>(p);
     p.pass = 3; p.nvb = p.nvb_v;
-    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
+    walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
     return cudaGetLastError();
 }
 
