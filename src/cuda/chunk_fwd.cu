@@ -70,7 +70,11 @@ struct ChunkArgs {
 template <typename E> struct mma_traits;
 template <> struct mma_traits<__nv_bfloat16> {
     static constexpr bool bf = true;
+#ifndef GDN_X_NOSPLIT
     static constexpr bool split = true;   /* state and Ud as hi + lo: one bf16 rounding (2^-9) is too coarse */
+#else
+    static constexpr bool split = false;
+#endif
     static __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16_rn(x); }
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
         __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
@@ -203,6 +207,7 @@ template <bool BF> __device__ __forceinline__ void wgt_ss32(float *d, uint64_t d
     else asm volatile(WGX_OP(32, "f16", WG_R16, "%16, %17", "%18", "0, 0") : WG_D16 : "l"(da), "l"(db), "r"(acc));
 }
 
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -345,16 +350,23 @@ __device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int 
 }
 
 /* ---- kernel 1: per (sequence, chunk, q/k head), T = (I + A)^-1 for each
- * of the G value heads; independent of the state, so the whole grid runs at
- * once and the latency-bound inverse hides behind other blocks ---- */
+ * of the G value heads, two at a time; independent of the state, so the whole
+ * grid runs at once and the latency-bound inverse hides behind other blocks.
+ * A (strictly lower) and T (transposed, upper with the diagonal) share one
+ * fp32 array per head, so two heads fit the shared memory of one. ---- */
 constexpr int PT = 128;   /* prep threads */
+constexpr float LOG2E = 1.4426950408889634f;
 
-template <int KT> struct PrepSmem {   /* T lies over K where it fits: K is dead once K K^T is in registers */
-    static constexpr int LK = KT + 8;
-    static constexpr bool TK = CC * AF * 4 <= CC * LK * 2;
-    static constexpr int k = 0, a = k + CC * LK * 2, t = TK ? k : a + CC * AF * 4, y = a + (TK ? 1 : 2) * CC * AF * 4;
-    static constexpr int f = y + 4 * 128 * 4, bytes = f + 4 * CC * 4;   /* gc, bt, rk, rq */
+template <int KT> struct PrepSmem {
+    static constexpr int LK = KT + 8, KB = CC * LK * 2, AB = CC * AF * 4;
+    static constexpr int k = 0, at0 = 0, at1 = KB > AB ? KB : AB, y = at1 + AB;   /* head 0's array over K */
+    static constexpr int f = y + 4 * 128 * 4, bytes = f + 6 * CC * 4;   /* gc[2], bt[2], rk, rq */
 };
+
+/* the lower 16 x 16 blocks (I, J) of K K^T dealt to the four warps: 3, 3, 2, 2 */
+__device__ __forceinline__ int kkt_n(int w) { return w < 2 ? 3 : 2; }
+__device__ __forceinline__ int kkt_i(int w, int b) { return w == 0 ? (b > 0) : w == 1 ? 2 : 3; }
+__device__ __forceinline__ int kkt_j(int w, int b) { return w == 0 ? (b > 0 ? b - 1 : 0) : w == 3 ? 2 + b : b; }
 
 template <int KT, typename E>
 __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
@@ -362,18 +374,21 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
     using M = mma_traits<E>;
     extern __shared__ __align__(16) char sm[];
     E *Ks = reinterpret_cast<E *>(sm + S::k);
-    float *Af = reinterpret_cast<float *>(sm + S::a), *Tf = reinterpret_cast<float *>(sm + S::t);
-    float *gc = reinterpret_cast<float *>(sm + S::f), *bt = gc + CC, *rk = bt + CC, *rq = rk + CC;
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    float *AT[2] = {reinterpret_cast<float *>(sm + S::at0), reinterpret_cast<float *>(sm + S::at1)};
+    float *gcs = reinterpret_cast<float *>(sm + S::f), *bts = gcs + 2 * CC, *rk = bts + 2 * CC, *rq = rk + CC;
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int i = blockIdx.x % maxch, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     if ((int64_t)i * CC >= len) return;
     const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
     const int64_t row0 = bos + (int64_t)i * CC;
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     load_rows<KT, S::LK>(Ks, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
-    /* q rstd while K lands: straight from global, 8 lanes a row, warp w rows 16 w.. */
+    /* while K lands: the first two heads' gates (warps 2, 3) and the q rstd
+     * straight from global (8 lanes a row, warp w rows 16 w..) */
+    if (w >= 2 && w - 2 < p.G) chunk_gate(p, row0, c, h * p.G + w - 2, gcs + (w - 2) * CC, bts + (w - 2) * CC);
     {
         const E *qs = static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K;
         const bool vec = (p.K & 7) == 0 && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;
@@ -381,7 +396,7 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
         for (int r4 = 0; r4 < 4; r4++) {
             const int r = w * 16 + r4 * 4 + (lane >> 3);
             float ss = 0.f;
-            if ((p.flags & GDN_QK_L2NORM) && r < c) {
+            if (l2 && r < c) {
                 const E *row = qs + (int64_t)r * p.H * p.K;
                 if (vec)
                     for (int x = (lane & 7) * 8; x < p.K; x += 64) {
@@ -395,8 +410,8 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
             }
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float rs = (p.flags & GDN_QK_L2NORM) ? rsqrtf(ss + 1e-6f) : 1.f;
             if ((lane & 7) == 0) {
+                const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
                 rq[r] = rs;
                 if (p.rstd_q && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
             }
@@ -404,78 +419,119 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
     }
     cp_wait_all();
     __syncthreads();
-    /* k rstd: two lanes per row */
-    {
-        const int r = w * 16 + (lane >> 1);
+    /* k rstd, 8 lanes a row (K's padded rows are zero past K) */
+#pragma unroll
+    for (int r4 = 0; r4 < 4; r4++) {
+        const int r = w * 16 + r4 * 4 + (lane >> 3);
         float ss = 0.f;
-        for (int x = (lane & 1) * (KT / 2); x < (lane & 1) * (KT / 2) + KT / 2; x += 2) {
-            const uint32_t v2 = *reinterpret_cast<const uint32_t *>(Ks + r * S::LK + x);
-            const float a = M::lo(v2), b = M::hi(v2);
-            ss += a * a + b * b;
-        }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        const float rs = (p.flags & GDN_QK_L2NORM) ? rsqrtf(ss + 1e-6f) : 1.f;
-        if ((lane & 1) == 0) {
+        if (l2)
+#pragma unroll
+            for (int x = (lane & 7) * 8; x < KT; x += 64) {
+                const uint4 v = *reinterpret_cast<const uint4 *>(Ks + r * S::LK + x);
+                const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
+            }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((lane & 7) == 0) {
+            const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
             rk[r] = rs;
             if (p.rstd_k && r < c) p.rstd_k[(row0 + r) * p.H + h] = rs;
         }
     }
-    /* raw K K^T, row block w, kept in registers across the G value heads */
-    float acc[8][4];
+    /* raw K K^T on this warp's blocks, kept in registers across the heads */
+    const int nb = kkt_n(w);
+    float acc[3][2][4];
 #pragma unroll
-    for (int a = 0; a < 8; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+    for (int b = 0; b < 3; b++)
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) {
-        uint32_t af[4];
-        ldsm4(af, frag_a(Ks, S::LK, w * 16, kk * 16, lane));
+        for (int e = 0; e < 4; e++) acc[b][0][e] = acc[b][1][e] = 0.f;
 #pragma unroll
-        for (int np = 0; np < 4; np++)
-            if (np <= w) {
-                uint32_t bf[4];
-                ldsm4(bf, frag_bn(Ks, S::LK, np * 16, kk * 16, lane));
-                M::mma(acc[2 * np], af, bf[0], bf[1]);
-                M::mma(acc[2 * np + 1], af, bf[2], bf[3]);
+    for (int kk = 0; kk < KT / 16; kk++)
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+            if (b < nb) {
+                uint32_t af[4], bf[4];
+                ldsm4(af, frag_a(Ks, S::LK, kkt_i(w, b) * 16, kk * 16, lane));
+                ldsm4(bf, frag_bn(Ks, S::LK, kkt_j(w, b) * 16, kk * 16, lane));
+                M::mma(acc[b][0], af, bf[0], bf[1]);
+                M::mma(acc[b][1], af, bf[2], bf[3]);
             }
-    }
+    __syncthreads();   /* rk in; K dead (head 0's array lies over it) */
+#pragma unroll
+    for (int b = 0; b < 3; b++)
+#pragma unroll
+        for (int hn = 0; hn < 2; hn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int t = kkt_i(w, b) * 16 + g + (e >> 1) * 8, s = kkt_j(w, b) * 16 + hn * 8 + 2 * tq + (e & 1);
+                acc[b][hn][e] *= rk[t] * rk[s];
+            }
     float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
-    for (int jj = 0; jj < p.G; jj++) {
-        const int j = h * p.G + jj;
-        if (w == 0) chunk_gate(p, row0, c, j, gc, bt);
-        __syncthreads();
-        /* A = strict_tril(beta_t rk_t rk_s exp(gc_t - gc_s) k_t.k_s) */
+    for (int jb = 0; jb < p.G; jb += 2) {
+        const int nh = p.G - jb < 2 ? p.G - jb : 2;
+        if (jb > 0) {
+            if (w < nh) chunk_gate(p, row0, c, h * p.G + jb + w, gcs + w * CC, bts + w * CC);
+            __syncthreads();
+        }
+        /* A = strict_tril(beta_t exp(gc_t - gc_s) (rk k)_t . (rk k)_s), zeros on and above the diagonal */
+        for (int hh = 0; hh < nh; hh++) {
+            const float *gc = gcs + hh * CC, *bt = bts + hh * CC;
 #pragma unroll
-        for (int a = 0; a < 8; a++)
-            if (a < 2 * (w + 1))
+            for (int b = 0; b < 3; b++)
+                if (b < nb) {
+                    const int t0 = kkt_i(w, b) * 16 + g, t1 = t0 + 8;
+                    const float g0 = gc[t0], g1 = gc[t1], b0 = bt[t0], b1 = bt[t1];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int t = w * 16 + g + (e >> 1) * 8, s = a * 8 + 2 * tq + (e & 1);
-                    Af[t * AF + s] = s < t ? bt[t] * rk[t] * rk[s] * __expf(gc[t] - gc[s]) * acc[a][e] : 0.f;
+                    for (int hn = 0; hn < 2; hn++) {
+                        const int s0 = kkt_j(w, b) * 16 + hn * 8 + 2 * tq;
+                        const float2 gs = *reinterpret_cast<const float2 *>(gc + s0);
+                        float2 r0, r1;
+                        r0.x = s0 < t0 ? b0 * ex2((g0 - gs.x) * LOG2E) * acc[b][hn][0] : 0.f;
+                        r0.y = s0 + 1 < t0 ? b0 * ex2((g0 - gs.y) * LOG2E) * acc[b][hn][1] : 0.f;
+                        r1.x = s0 < t1 ? b1 * ex2((g1 - gs.x) * LOG2E) * acc[b][hn][2] : 0.f;
+                        r1.y = s0 + 1 < t1 ? b1 * ex2((g1 - gs.y) * LOG2E) * acc[b][hn][3] : 0.f;
+                        *reinterpret_cast<float2 *>(AT[hh] + t0 * AF + s0) = r0;
+                        *reinterpret_cast<float2 *>(AT[hh] + t1 * AF + s0) = r1;
+                    }
                 }
-        __syncthreads();
-        /* diagonal 16x16 blocks by substitution: warp w, block w, lane = column */
-        if (lane < 16) {
-            const int b0 = w * 16;
-            float x[16];
-#pragma unroll
-            for (int r = 0; r < 16; r++) x[r] = r == lane ? 1.f : 0.f;
-#pragma unroll
-            for (int s2 = 0; s2 < 16; s2++)
-#pragma unroll
-                for (int r = s2 + 1; r < 16; r++) x[r] -= Af[(b0 + r) * AF + b0 + s2] * x[s2];
-#pragma unroll
-            for (int r = 0; r < 16; r++) Tf[(b0 + r) * AF + b0 + lane] = x[r];
         }
         __syncthreads();
-        /* off-diagonal blocks by distance d = i - j: T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj (tf32) */
+        /* diagonal 16x16 blocks by substitution: a half-warp per (head, block), lane = column;
+         * T_bb^T goes to the upper triangle (with the diagonal) of the block */
+        {
+            const int item = w * 2 + (lane >> 4), hh = item >> 2, b0 = (item & 3) * 16, col = lane & 15;
+            if (hh < nh) {
+                float *A = AT[hh];
+                float x[16];
+#pragma unroll
+                for (int r = 0; r < 16; r++) x[r] = r == col ? 1.f : 0.f;
+#pragma unroll
+                for (int s2 = 0; s2 < 16; s2++)
+#pragma unroll
+                    for (int r = s2 + 1; r < 16; r++) x[r] -= A[(b0 + r) * AF + b0 + s2] * x[s2];
+#pragma unroll
+                for (int r = 0; r < 16; r++)
+                    if (r >= col) A[(b0 + col) * AF + b0 + r] = x[r];
+            }
+        }
+        __syncthreads();
+        /* off-diagonal blocks by distance d = bi - bj: T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj (tf32);
+         * T[r][s] (r >= s) is read at AT[s][r], zero where r < s */
         for (int d = 1; d < 4; d++) {
-            for (int pr = w; pr < 2 * (4 - d); pr += 4) {
-                const int bi = d + (pr >> 1), bj = bi - d, n0 = bj * 16 + (pr & 1) * 8;
+            const int per = 2 * (4 - d);
+            for (int it = w; it < nh * per; it += 4) {
+                const float *A = AT[it / per];
+                float *Aw = AT[it / per];
+                const int pr = it % per, bi = d + (pr >> 1), bj = bi - d, n0 = bj * 16 + (pr & 1) * 8;
                 float y[4] = {0.f, 0.f, 0.f, 0.f};
                 for (int kk = bj * 16; kk < bi * 16; kk += 8) {
-                    const float *a0 = Af + (bi * 16 + g) * AF + kk + tq;
+                    const float *a0 = A + (bi * 16 + g) * AF + kk + tq;
                     const uint32_t af[4] = {tf32(a0[0]), tf32(a0[8 * AF]), tf32(a0[4]), tf32(a0[8 * AF + 4])};
-                    const float *b0 = Tf + (kk + tq) * AF + n0 + g;
-                    mma_tf32(y, af, tf32(b0[0]), tf32(b0[4 * AF]));
+                    const float *bp = A + (n0 + g) * AF + kk + tq;   /* T[kk + tq (+4)][n0 + g] */
+                    const float bv0 = kk + tq >= n0 + g ? bp[0] : 0.f, bv1 = kk + tq + 4 >= n0 + g ? bp[4] : 0.f;
+                    mma_tf32(y, af, tf32(bv0), tf32(bv1));
                 }
                 __syncwarp();
                 Yw[g * 8 + 2 * tq] = y[0]; Yw[g * 8 + 2 * tq + 1] = y[1];
@@ -484,45 +540,50 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
                 float z[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int kk = 0; kk < 16; kk += 8) {
-                    const float *a0 = Tf + (bi * 16 + g) * AF + bi * 16 + kk + tq;
-                    const uint32_t af[4] = {tf32(a0[0]), tf32(a0[8 * AF]), tf32(a0[4]), tf32(a0[8 * AF + 4])};
+                    const float *tp = A + (bi * 16 + kk + tq) * AF + bi * 16 + g;   /* T_ii[g (+8)][kk + tq (+4)] */
+                    const uint32_t af[4] = {tf32(g >= kk + tq ? tp[0] : 0.f), tf32(g + 8 >= kk + tq ? tp[8] : 0.f),
+                                            tf32(g >= kk + tq + 4 ? tp[4 * AF] : 0.f), tf32(g + 8 >= kk + tq + 4 ? tp[4 * AF + 8] : 0.f)};
                     mma_tf32(z, af, tf32(Yw[(kk + tq) * 8 + g]), tf32(Yw[(kk + tq + 4) * 8 + g]));
                 }
                 const int r0 = bi * 16 + g, c0 = n0 + 2 * tq;
-                Tf[r0 * AF + c0] = -z[0]; Tf[r0 * AF + c0 + 1] = -z[1];
-                Tf[(r0 + 8) * AF + c0] = -z[2]; Tf[(r0 + 8) * AF + c0 + 1] = -z[3];
+                Aw[c0 * AF + r0] = -z[0]; Aw[(c0 + 1) * AF + r0] = -z[1];
+                Aw[c0 * AF + r0 + 8] = -z[2]; Aw[(c0 + 1) * AF + r0 + 8] = -z[3];
             }
             __syncthreads();
         }
-        /* the record: T blocked (zero above the diagonal), then the per-token rows */
-        char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
-        for (int x = tid; x < CC * CC / 8; x += PT) {
-            const int r = x / (CC / 8), c8 = (x % (CC / 8)) * 8;
-            uint4 v;
-            uint32_t *vv = reinterpret_cast<uint32_t *>(&v);
+        /* the records: T blocked (zero above the diagonal), then the per-token rows */
+        for (int hh = 0; hh < nh; hh++) {
+            const int j = h * p.G + jb + hh;
+            const float *A = AT[hh], *gc = gcs + hh * CC, *bt = bts + hh * CC;
+            char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
+            for (int x = tid; x < CC * CC / 8; x += PT) {
+                const int r = x % CC, c8 = (x / CC) * 8;   /* a warp: 32 rows, one column group: conflict-free column reads */
+                uint4 v;
+                uint32_t *vv = reinterpret_cast<uint32_t *>(&v);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int s0 = c8 + 2 * e;
-                vv[e] = M::pack(s0 <= r ? Tf[r * AF + s0] : 0.f, s0 + 1 <= r ? Tf[r * AF + s0 + 1] : 0.f);
+                for (int e = 0; e < 4; e++) {
+                    const int s0 = c8 + 2 * e;
+                    vv[e] = M::pack(s0 <= r ? A[s0 * AF + r] : 0.f, s0 + 1 <= r ? A[(s0 + 1) * AF + r] : 0.f);
+                }
+                *reinterpret_cast<uint4 *>(rec + blk64(r, c8) * 2) = v;
             }
-            *reinterpret_cast<uint4 *>(rec + blk64(r, c8) * 2) = v;
-        }
-        float *recf = reinterpret_cast<float *>(rec + REC_T);
-        const float gL = gc[CC - 1];
-        for (int x = tid; x < F_N * CC; x += PT) {
-            const int f = x / CC, t = x % CC;
-            float y;
-            switch (f) {
-                case F_GC: y = gc[t]; break;
-                case F_BT: y = bt[t]; break;
-                case F_RK: y = rk[t]; break;
-                case F_RQ: y = rq[t]; break;
-                case F_B: y = bt[t] * __expf(gc[t]) * rk[t]; break;
-                case F_CO: y = p.scale * rq[t] * __expf(gc[t]); break;
-                case F_CU: y = rk[t] * __expf(gL - gc[t]); break;
-                default: y = gc[t] * 1.4426950408889634f; break;
+            float *recf = reinterpret_cast<float *>(rec + REC_T);
+            const float gL = gc[CC - 1];
+            for (int x = tid; x < F_N * CC; x += PT) {
+                const int f = x / CC, t = x % CC;
+                float y;
+                switch (f) {
+                    case F_GC: y = gc[t]; break;
+                    case F_BT: y = bt[t]; break;
+                    case F_RK: y = rk[t]; break;
+                    case F_RQ: y = rq[t]; break;
+                    case F_B: y = bt[t] * __expf(gc[t]) * rk[t]; break;
+                    case F_CO: y = p.scale * rq[t] * __expf(gc[t]); break;
+                    case F_CU: y = rk[t] * __expf(gL - gc[t]); break;
+                    default: y = gc[t] * LOG2E; break;
+                }
+                recf[x] = y;
             }
-            recf[x] = y;
         }
         __syncthreads();
     }
@@ -939,7 +1000,6 @@ __device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32
                  "r"(r3) : "memory");
 }
 __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 
 /* fp32 accumulator pairs (m64 layout: v[2i], v[2i+1] at row g, v[2i+2], v[2i+3]
  * at row g + 8 of n8 tile i) as the A fragment of k step kk */
