@@ -111,6 +111,9 @@ __device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
 }
+__device__ __forceinline__ void ldsm2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(saddr(p)));
+}
 __device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
@@ -213,6 +216,7 @@ __device__ __forceinline__ uint32_t tf32(float x) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+__device__ __forceinline__ float tf32f(float x) { return __uint_as_float(tf32(x)); }
 __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -353,7 +357,9 @@ __device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int 
  * of the G value heads, two at a time; independent of the state, so the whole
  * grid runs at once and the latency-bound inverse hides behind other blocks.
  * A (strictly lower) and T (transposed, upper with the diagonal) share one
- * fp32 array per head, so two heads fit the shared memory of one. ---- */
+ * array per head, so two heads fit the shared memory of one. Both are kept
+ * rounded to tf32, so the tf32 products take their fragments by ldmatrix
+ * (an 8 x 4 fp32 block is an 8 x 8 b16 matrix) with no conversions. ---- */
 constexpr int PT = 128;   /* prep threads */
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -369,7 +375,7 @@ __device__ __forceinline__ int kkt_i(int w, int b) { return w == 0 ? (b > 0) : w
 __device__ __forceinline__ int kkt_j(int w, int b) { return w == 0 ? (b > 0 ? b - 1 : 0) : w == 3 ? 2 + b : b; }
 
 template <int KT, typename E>
-__global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
+__global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
     using S = PrepSmem<KT>;
     using M = mma_traits<E>;
     extern __shared__ __align__(16) char sm[];
@@ -460,14 +466,14 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
             }
     __syncthreads();   /* rk in; K dead (head 0's array lies over it) */
 #pragma unroll
-    for (int b = 0; b < 3; b++)
+    for (int b = 0; b < 3; b++) {
+        const float r0 = rk[kkt_i(w, b) * 16 + g], r1 = rk[kkt_i(w, b) * 16 + g + 8];
 #pragma unroll
-        for (int hn = 0; hn < 2; hn++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int t = kkt_i(w, b) * 16 + g + (e >> 1) * 8, s = kkt_j(w, b) * 16 + hn * 8 + 2 * tq + (e & 1);
-                acc[b][hn][e] *= rk[t] * rk[s];
-            }
+        for (int hn = 0; hn < 2; hn++) {
+            const float2 rs = *reinterpret_cast<const float2 *>(rk + kkt_j(w, b) * 16 + hn * 8 + 2 * tq);
+            acc[b][hn][0] *= r0 * rs.x; acc[b][hn][1] *= r0 * rs.y; acc[b][hn][2] *= r1 * rs.x; acc[b][hn][3] *= r1 * rs.y;
+        }
+    }
     float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
     for (int jb = 0; jb < p.G; jb += 2) {
         const int nh = p.G - jb < 2 ? p.G - jb : 2;
@@ -488,10 +494,10 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
                         const int s0 = kkt_j(w, b) * 16 + hn * 8 + 2 * tq;
                         const float2 gs = *reinterpret_cast<const float2 *>(gc + s0);
                         float2 r0, r1;
-                        r0.x = s0 < t0 ? b0 * ex2((g0 - gs.x) * LOG2E) * acc[b][hn][0] : 0.f;
-                        r0.y = s0 + 1 < t0 ? b0 * ex2((g0 - gs.y) * LOG2E) * acc[b][hn][1] : 0.f;
-                        r1.x = s0 < t1 ? b1 * ex2((g1 - gs.x) * LOG2E) * acc[b][hn][2] : 0.f;
-                        r1.y = s0 + 1 < t1 ? b1 * ex2((g1 - gs.y) * LOG2E) * acc[b][hn][3] : 0.f;
+                        r0.x = s0 < t0 ? tf32f(b0 * ex2((g0 - gs.x) * LOG2E) * acc[b][hn][0]) : 0.f;
+                        r0.y = s0 + 1 < t0 ? tf32f(b0 * ex2((g0 - gs.y) * LOG2E) * acc[b][hn][1]) : 0.f;
+                        r1.x = s0 < t1 ? tf32f(b1 * ex2((g1 - gs.x) * LOG2E) * acc[b][hn][2]) : 0.f;
+                        r1.y = s0 + 1 < t1 ? tf32f(b1 * ex2((g1 - gs.y) * LOG2E) * acc[b][hn][3]) : 0.f;
                         *reinterpret_cast<float2 *>(AT[hh] + t0 * AF + s0) = r0;
                         *reinterpret_cast<float2 *>(AT[hh] + t1 * AF + s0) = r1;
                     }
@@ -499,7 +505,8 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
         }
         __syncthreads();
         /* diagonal 16x16 blocks by substitution: a half-warp per (head, block), lane = column;
-         * T_bb^T goes to the upper triangle (with the diagonal) of the block */
+         * T_bb^T goes to the upper triangle (with the diagonal) of the block and
+         * A_bb, used by nothing else, to zeros, so T reads need no mask */
         {
             const int item = w * 2 + (lane >> 4), hh = item >> 2, b0 = (item & 3) * 16, col = lane & 15;
             if (hh < nh) {
@@ -511,27 +518,28 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
                 for (int s2 = 0; s2 < 16; s2++)
 #pragma unroll
                     for (int r = s2 + 1; r < 16; r++) x[r] -= A[(b0 + r) * AF + b0 + s2] * x[s2];
+                __syncwarp();
 #pragma unroll
-                for (int r = 0; r < 16; r++)
-                    if (r >= col) A[(b0 + col) * AF + b0 + r] = x[r];
+                for (int r = 0; r < 16; r++) {
+                    if (r >= col) A[(b0 + col) * AF + b0 + r] = tf32f(x[r]);
+                    else A[(b0 + col) * AF + b0 + r] = 0.f;   /* A_bb[col][r], r < col */
+                }
             }
         }
         __syncthreads();
         /* off-diagonal blocks by distance d = bi - bj: T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj (tf32);
-         * T[r][s] (r >= s) is read at AT[s][r], zero where r < s */
+         * T[r][s] is read at AT[s][r] */
         for (int d = 1; d < 4; d++) {
             const int per = 2 * (4 - d);
             for (int it = w; it < nh * per; it += 4) {
-                const float *A = AT[it / per];
-                float *Aw = AT[it / per];
+                float *A = AT[it / per];
                 const int pr = it % per, bi = d + (pr >> 1), bj = bi - d, n0 = bj * 16 + (pr & 1) * 8;
                 float y[4] = {0.f, 0.f, 0.f, 0.f};
                 for (int kk = bj * 16; kk < bi * 16; kk += 8) {
-                    const float *a0 = A + (bi * 16 + g) * AF + kk + tq;
-                    const uint32_t af[4] = {tf32(a0[0]), tf32(a0[8 * AF]), tf32(a0[4]), tf32(a0[8 * AF + 4])};
-                    const float *bp = A + (n0 + g) * AF + kk + tq;   /* T[kk + tq (+4)][n0 + g] */
-                    const float bv0 = kk + tq >= n0 + g ? bp[0] : 0.f, bv1 = kk + tq + 4 >= n0 + g ? bp[4] : 0.f;
-                    mma_tf32(y, af, tf32(bv0), tf32(bv1));
+                    uint32_t af[4], bf[2];
+                    ldsm4(af, A + (bi * 16 + (lane & 15)) * AF + kk + (lane >> 4) * 4);
+                    ldsm2(bf, A + (n0 + (lane & 7)) * AF + kk + ((lane >> 3) & 1) * 4);
+                    mma_tf32(y, af, bf[0], bf[1]);
                 }
                 __syncwarp();
                 Yw[g * 8 + 2 * tq] = y[0]; Yw[g * 8 + 2 * tq + 1] = y[1];
@@ -541,21 +549,20 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
 #pragma unroll
                 for (int kk = 0; kk < 16; kk += 8) {
                     const float *tp = A + (bi * 16 + kk + tq) * AF + bi * 16 + g;   /* T_ii[g (+8)][kk + tq (+4)] */
-                    const uint32_t af[4] = {tf32(g >= kk + tq ? tp[0] : 0.f), tf32(g + 8 >= kk + tq ? tp[8] : 0.f),
-                                            tf32(g >= kk + tq + 4 ? tp[4 * AF] : 0.f), tf32(g + 8 >= kk + tq + 4 ? tp[4 * AF + 8] : 0.f)};
+                    const uint32_t af[4] = {__float_as_uint(tp[0]), __float_as_uint(tp[8]), __float_as_uint(tp[4 * AF]),
+                                            __float_as_uint(tp[4 * AF + 8])};
                     mma_tf32(z, af, tf32(Yw[(kk + tq) * 8 + g]), tf32(Yw[(kk + tq + 4) * 8 + g]));
                 }
                 const int r0 = bi * 16 + g, c0 = n0 + 2 * tq;
-                Aw[c0 * AF + r0] = -z[0]; Aw[(c0 + 1) * AF + r0] = -z[1];
-                Aw[c0 * AF + r0 + 8] = -z[2]; Aw[(c0 + 1) * AF + r0 + 8] = -z[3];
+                A[c0 * AF + r0] = tf32f(-z[0]); A[(c0 + 1) * AF + r0] = tf32f(-z[1]);
+                A[c0 * AF + r0 + 8] = tf32f(-z[2]); A[(c0 + 1) * AF + r0 + 8] = tf32f(-z[3]);
             }
             __syncthreads();
         }
         /* the records: T blocked (zero above the diagonal), then the per-token rows */
         for (int hh = 0; hh < nh; hh++) {
-            const int j = h * p.G + jb + hh;
-            const float *A = AT[hh], *gc = gcs + hh * CC, *bt = bts + hh * CC;
-            char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
+            const float *A = AT[hh];
+            char *rec = ws + (slot_of(bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC;
             for (int x = tid; x < CC * CC / 8; x += PT) {
                 const int r = x % CC, c8 = (x / CC) * 8;   /* a warp: 32 rows, one column group: conflict-free column reads */
                 uint4 v;
@@ -567,23 +574,20 @@ __global__ void __launch_bounds__(PT) chunk_prep_kernel(ChunkArgs p, char *ws, i
                 }
                 *reinterpret_cast<uint4 *>(rec + blk64(r, c8) * 2) = v;
             }
-            float *recf = reinterpret_cast<float *>(rec + REC_T);
-            const float gL = gc[CC - 1];
-            for (int x = tid; x < F_N * CC; x += PT) {
-                const int f = x / CC, t = x % CC;
-                float y;
-                switch (f) {
-                    case F_GC: y = gc[t]; break;
-                    case F_BT: y = bt[t]; break;
-                    case F_RK: y = rk[t]; break;
-                    case F_RQ: y = rq[t]; break;
-                    case F_B: y = bt[t] * __expf(gc[t]) * rk[t]; break;
-                    case F_CO: y = p.scale * rq[t] * __expf(gc[t]); break;
-                    case F_CU: y = rk[t] * __expf(gL - gc[t]); break;
-                    default: y = gc[t] * LOG2E; break;
-                }
-                recf[x] = y;
-            }
+        }
+        for (int x = tid; x < nh * CC; x += PT) {
+            const int hh = x / CC, t = x % CC;
+            const float *gc = gcs + hh * CC;
+            float *recf = reinterpret_cast<float *>(ws + (slot_of(bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC + REC_T);
+            const float gt = gc[t], bt = bts[hh * CC + t], eg = __expf(gt), rkt = rk[t], rqt = rq[t];
+            recf[F_GC * CC + t] = gt;
+            recf[F_BT * CC + t] = bt;
+            recf[F_RK * CC + t] = rkt;
+            recf[F_RQ * CC + t] = rqt;
+            recf[F_B * CC + t] = bt * eg * rkt;
+            recf[F_CO * CC + t] = p.scale * rqt * eg;
+            recf[F_CU * CC + t] = rkt * __expf(gc[CC - 1] - gt);
+            recf[F_GL * CC + t] = gt * LOG2E;
         }
         __syncthreads();
     }
