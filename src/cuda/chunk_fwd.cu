@@ -384,6 +384,8 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
     float *gcs = reinterpret_cast<float *>(sm + S::f), *bts = gcs + 2 * CC, *rk = bts + 2 * CC, *rq = rk + CC;
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int i = blockIdx.x % maxch, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
+    /* the state kernel may start launching (it waits for this grid before reading the records) */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     if ((int64_t)i * CC >= len) return;
@@ -425,27 +427,6 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
     }
     cp_wait_all();
     __syncthreads();
-    /* k rstd, 8 lanes a row (K's padded rows are zero past K) */
-#pragma unroll
-    for (int r4 = 0; r4 < 4; r4++) {
-        const int r = w * 16 + r4 * 4 + (lane >> 3);
-        float ss = 0.f;
-        if (l2)
-#pragma unroll
-            for (int x = (lane & 7) * 8; x < KT; x += 64) {
-                const uint4 v = *reinterpret_cast<const uint4 *>(Ks + r * S::LK + x);
-                const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
-            }
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((lane & 7) == 0) {
-            const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
-            rk[r] = rs;
-            if (p.rstd_k && r < c) p.rstd_k[(row0 + r) * p.H + h] = rs;
-        }
-    }
     /* raw K K^T on this warp's blocks, kept in registers across the heads */
     const int nb = kkt_n(w);
     float acc[3][2][4];
@@ -464,6 +445,18 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
                 M::mma(acc[b][0], af, bf[0], bf[1]);
                 M::mma(acc[b][1], af, bf[2], bf[3]);
             }
+    /* the k rstd from the diagonal blocks' diagonal: |k_t|^2 */
+#pragma unroll
+    for (int b = 0; b < 3; b++)
+        if (b < nb && kkt_i(w, b) == kkt_j(w, b))
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (g == 2 * tq + (e & 1)) {
+                    const int hn = e >> 1, t = kkt_i(w, b) * 16 + g + 8 * hn;
+                    const float rs = l2 ? rsqrtf(acc[b][hn][e] + 1e-6f) : 1.f;
+                    rk[t] = rs;
+                    if (p.rstd_k && t < c) p.rstd_k[(row0 + t) * p.H + h] = rs;
+                }
     __syncthreads();   /* rk in; K dead (head 0's array lies over it) */
 #pragma unroll
     for (int b = 0; b < 3; b++) {
@@ -529,6 +522,7 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
         __syncthreads();
         /* off-diagonal blocks by distance d = bi - bj: T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj (tf32);
          * T[r][s] is read at AT[s][r] */
+#pragma unroll
         for (int d = 1; d < 4; d++) {
             const int per = 2 * (4 - d);
             for (int it = w; it < nh * per; it += 4) {
@@ -1074,6 +1068,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         }
     if (tid == 0) { mb_init(full); mb_init(full + 1); }
     __syncthreads();
+    /* a programmatic launch (pass 0) comes here while the prep kernel runs: its records from now on */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     if (tid == 0) {
         if (i0 < nch) fetch(i0);
         if (i0 + 1 < nch) fetch(i0 + 1);
@@ -1365,14 +1361,24 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
         if (e != cudaSuccess) return e;
     }
     auto walk = [&](const ChunkArgs &pa, unsigned blocks) {
-        if (tr && pa.pass != 1) chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(pa, ws, tmt);
+        if (tr && pa.pass == 0) {   /* a programmatic dependent of the prep kernel: its launch and prologue overlap the prep's tail */
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cudaLaunchConfig_t lc = {};
+            lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.dynamicSmemBytes = TSmem::bytes; lc.stream = st;
+            lc.attrs = at; lc.numAttrs = 1;
+            return cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E>, pa, ws, tmt);
+        }
+        if (tr && pa.pass == 3) chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(pa, ws, tmt);
         else chunk_state_kernel<KT, BV, E><<<blocks, ST, smem, st>>>(pa, ws, tm);
+        return cudaGetLastError();
     };
     if (maxch > 0) chunk_prep_kernel<KT, E><<<(unsigned)(N * p.H * maxch), PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
     if (!p.sc) {
         p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
-        walk(p, (unsigned)(N * p.HV * p.nvb));
-        return cudaGetLastError();
+        e = walk(p, (unsigned)(N * p.HV * p.nvb));
+        return e != cudaSuccess ? e : cudaGetLastError();
     }
     p.maxseg = (maxch + p.sc - 1) / p.sc;
     p.pass = 1; p.nvb = p.nvb_v + (p.K + BV - 1) / BV;
