@@ -260,6 +260,12 @@ __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;
 __device__ __forceinline__ void mb_init(void *mb) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(mb)) : "memory");
 }
+__device__ __forceinline__ void mb_init2(void *mb) {   /* two arrivals: one per warpgroup */
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(saddr(mb)) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(void *mb) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(mb)) : "memory");
+}
 __device__ __forceinline__ void mb_expect(void *mb, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(mb)), "r"(bytes) : "memory");
 }
@@ -977,10 +983,10 @@ struct TStage {           /* one chunk's inputs; 1024-byte aligned pieces for th
 struct TSmem {
     static constexpr int LO = 128 + 8;                    /* O staging row stride (elements) */
     /* two stages at 0 and TStage::bytes */
-    static constexpr int p = 2 * TStage::bytes;           /* P blocked, C x C */
-    static constexpr int o = p + CC * CC * 2;             /* O rows, C x LO */
-    static constexpr int mb = o + CC * LO * 2;            /* two mbarriers */
-    static constexpr int bytes = mb + 16 + 1024;          /* + the base's alignment */
+    static constexpr int p = 2 * TStage::bytes;           /* P blocked, C x C, one per stage */
+    static constexpr int o = p + 2 * CC * CC * 2;         /* O rows, C x LO */
+    static constexpr int mb = o + CC * LO * 2;            /* mbarriers: full[2], pfull[2]; then cnt[2] */
+    static constexpr int bytes = mb + 4 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
 };
 static_assert(TStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
 
@@ -1022,8 +1028,11 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     constexpr int NS = M::split ? 2 : 1;
     extern __shared__ __align__(1024) char smt_raw[];
     char *sm = smt_raw + ((1024 - (saddr(smt_raw) & 1023)) & 1023);
-    E *Ps = reinterpret_cast<E *>(sm + TSmem::p), *Os = reinterpret_cast<E *>(sm + TSmem::o);
-    uint64_t *full = reinterpret_cast<uint64_t *>(sm + TSmem::mb);
+    E *Os = reinterpret_cast<E *>(sm + TSmem::o);
+    /* full[s]: stage s has landed; pfull[s]: both halves of its P are in; cnt[s]:
+     * the warpgroups done with it (the second one refills it) */
+    uint64_t *full = reinterpret_cast<uint64_t *>(sm + TSmem::mb), *pfull = full + 2;
+    int *cnt = reinterpret_cast<int *>(sm + TSmem::mb + 32);
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int cg = w >> 2, wl = w & 3;   /* warpgroup (64 columns of V), warp in it (16 of them) */
     const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, sg = (blockIdx.x / (p.nvb * p.HV)) % p.maxseg;
@@ -1066,7 +1075,10 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             }
             st[4 * i + e] = x;
         }
-    if (tid == 0) { mb_init(full); mb_init(full + 1); }
+    if (tid == 0) {
+        mb_init(full); mb_init(full + 1); mb_init2(pfull); mb_init2(pfull + 1);
+        cnt[0] = cnt[1] = 0;
+    }
     __syncthreads();
     /* a programmatic launch (pass 0) comes here while the prep kernel runs: its records from now on */
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1078,15 +1090,19 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     const int lm = lane >> 3, lr = lane & 7;
 
     for (int i = i0; i < nch; i++) {
-        char *stg = sm + ((i - i0) & 1) * TStage::bytes;
+        const int sl = (i - i0) & 1;
+        const uint32_t par = ((i - i0) >> 1) & 1;
+        E *Ps = reinterpret_cast<E *>(sm + TSmem::p) + sl * CC * CC;
+        char *stg = sm + sl * TStage::bytes;
         const E *KQ = reinterpret_cast<const E *>(stg + TStage::kq);
         const char *Vb = stg + TStage::v + cg * 8192;
         const E *Ts = reinterpret_cast<const E *>(stg + TStage::rec);
         const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
-        mb_wait(full + ((i - i0) & 1), ((i - i0) >> 1) & 1);
-        if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero */
+        mb_wait(full + sl, par);
+        if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
+                         * (both warpgroups meet here, once a sequence) */
             for (int x = tid; x < (CC - c) * 8 * 4; x += TT) {
                 const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
                 char *base = part < 2 ? stg + TStage::kq + part * 16384 : stg + TStage::v + (part - 2) * 8192;
@@ -1097,6 +1113,9 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         }
 
         /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
+        /* the warpgroups run half a step apart, so that one's epilogues overlap the
+         * other's products: warpgroup 1 starts once warpgroup 0's first products are done */
+        if (i == i0 && cg == 1) bar_named(4, TT);
         float xo[64], pa[16];
         {
             uint32_t sa[8][NS][4];
@@ -1116,6 +1135,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             wg_commit();
             wg_wait<0>();
         }
+        if (i == i0 && cg == 0) asm volatile("bar.arrive 4, %0;" ::"n"(TT) : "memory");
         /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
         uint32_t vt[8][2];
 #pragma unroll
@@ -1146,6 +1166,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
                       M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
             fence_async_smem();
+            bar_named(2 + cg, 128);
+            if ((tid & 127) == 0) mb_arrive(pfull + sl);
         }
         /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
         float u[32];
@@ -1176,7 +1198,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
             o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
         }
-        bar_named(1, TT);   /* both warpgroups' halves of P are in */
+        mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
         wg_wait<0>();
         /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
         {
@@ -1218,8 +1240,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
         }
         wg_wait<0>();
-        bar_named(1, TT);   /* the stage, P and the O rows are free */
-        if (tid == 0 && i + 2 < nch) fetch(i + 2);
+        bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
+        if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
     }
     /* the final state: ht (the last segment) */
     if (nch == nch_all && p.ht) {
