@@ -37,6 +37,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#ifdef GDN_CHUNK_PROFILE
+#include <cstdio>
+#endif
 #include "cuda/common.cuh"
 #include "cuda/cuda_backend.h"
 
@@ -1089,6 +1092,12 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     /* the V^T fragment rows: this lane's token in its 8 x 8 matrix and 16-byte column (swizzled per row) */
     const int lm = lane >> 3, lr = lane & 7;
 
+#ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, the first thread of each warpgroup */
+    long long prof[10] = {0}, t0_ = clock64();
+#define TPROF(k) do { if ((tid & 127) == 0) { const long long t1_ = clock64(); prof[k] += t1_ - t0_; t0_ = t1_; } } while (0)
+#else
+#define TPROF(k) do { } while (0)
+#endif
     for (int i = i0; i < nch; i++) {
         const int sl = (i - i0) & 1;
         const uint32_t par = ((i - i0) >> 1) & 1;
@@ -1101,6 +1110,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         mb_wait(full + sl, par);
+        TPROF(0);
         if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
                          * (both warpgroups meet here, once a sequence) */
             for (int x = tid; x < (CC - c) * 8 * 4; x += TT) {
@@ -1134,6 +1144,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                                 desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
             wg_commit();
             wg_wait<0>();
+            TPROF(1);
         }
         if (i == i0 && cg == 0) asm volatile("bar.arrive 4, %0;" ::"n"(TT) : "memory");
         /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
@@ -1168,6 +1179,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             fence_async_smem();
             bar_named(2 + cg, 128);
             if ((tid & 127) == 0) mb_arrive(pfull + sl);
+            TPROF(2);
         }
         /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
         float u[32];
@@ -1190,6 +1202,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
             wg_commit();
         }
+        TPROF(3);
         /* O^T = co Q S (per token), while U runs */
         float o[32];
 #pragma unroll
@@ -1199,7 +1212,9 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
         }
         mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
+        TPROF(4);
         wg_wait<0>();
+        TPROF(5);
         /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
         {
             uint32_t ua[4][4], ud[4][NS][4];
@@ -1227,6 +1242,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             }
             wg_commit();
             wg_wait<1>();
+            TPROF(6);
         }
         /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
 #pragma unroll
@@ -1234,15 +1250,27 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
                    M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
         bar_named(2 + cg, 128);
+        TPROF(7);
         for (int x = tid & 127; x < c * 8; x += 128) {
             const int r = x >> 3, c8 = (x & 7) * 8;
             *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
                 *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
         }
         wg_wait<0>();
+        TPROF(8);
         bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
         if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
+        TPROF(9);
     }
+#ifdef GDN_CHUNK_PROFILE
+    if ((tid & 127) == 0 && blockIdx.x == 0 && nch > i0) {
+        const long long m = nch - i0;
+        printf("chunk_state_t wg%d: cycles per chunk: wait %lld | XO+P %lld | P out %lld | R, U issue %lld | P wait %lld | "
+               "U wait %lld | Ud, S, UP %lld | O staged %lld | O out, S wait %lld | release %lld\n", cg, prof[0] / m, prof[1] / m,
+               prof[2] / m, prof[3] / m, prof[4] / m, prof[5] / m, prof[6] / m, prof[7] / m, prof[8] / m, prof[9] / m);
+    }
+#endif
+#undef TPROF
     /* the final state: ht (the last segment) */
     if (nch == nch_all && p.ht) {
 #pragma unroll
