@@ -1007,6 +1007,11 @@ __device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32
                  "r"(r3) : "memory");
 }
 __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+/* The two warpgroups take turns at the tensor cores: each issues a batch of
+ * products only after the other has issued its previous one (named barriers 5
+ * and 6), so one's epilogue runs while the other's products do. */
+__device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(5 + cg) : "memory"); }
+__device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
 
 /* fp32 accumulator pairs (m64 layout: v[2i], v[2i+1] at row g, v[2i+2], v[2i+3]
  * at row g + 8 of n8 tile i) as the A fragment of k step kk */
@@ -1092,6 +1097,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     /* the V^T fragment rows: this lane's token in its 8 x 8 matrix and 16-byte column (swizzled per row) */
     const int lm = lane >> 3, lr = lane & 7;
 
+    if (cg == 1) wg_pass(1);   /* warpgroup 0 goes first */
 #ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, the first thread of each warpgroup */
     long long prof[10] = {0}, t0_ = clock64();
 #define TPROF(k) do { if ((tid & 127) == 0) { const long long t1_ = clock64(); prof[k] += t1_ - t0_; t0_ = t1_; } } while (0)
@@ -1123,15 +1129,13 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         }
 
         /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
-        /* the warpgroups run half a step apart, so that one's epilogues overlap the
-         * other's products: warpgroup 1 starts once warpgroup 0's first products are done */
-        if (i == i0 && cg == 1) bar_named(4, TT);
         float xo[64], pa[16];
         {
             uint32_t sa[8][NS][4];
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
             wg_fence();
+            wg_turn(cg);
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
                 const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
@@ -1143,10 +1147,10 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
                                 desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
             wg_commit();
+            wg_pass(cg);
             wg_wait<0>();
             TPROF(1);
         }
-        if (i == i0 && cg == 0) asm volatile("bar.arrive 4, %0;" ::"n"(TT) : "memory");
         /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
         uint32_t vt[8][2];
 #pragma unroll
@@ -1231,6 +1235,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #pragma unroll
             for (int x = 0; x < 64; x++) st[x] *= dl;
             wg_fence();
+            wg_turn(cg);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
             wg_commit();
@@ -1241,6 +1246,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
             }
             wg_commit();
+            wg_pass(cg);
             wg_wait<1>();
             TPROF(6);
         }
@@ -1262,6 +1268,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
         TPROF(9);
     }
+    if (cg == 0) wg_turn(0);   /* the last pass of warpgroup 1 */
 #ifdef GDN_CHUNK_PROFILE
     if ((tid & 127) == 0 && blockIdx.x == 0 && nch > i0) {
         const long long m = nch - i0;
