@@ -73,11 +73,7 @@ struct ChunkArgs {
 template <typename E> struct mma_traits;
 template <> struct mma_traits<__nv_bfloat16> {
     static constexpr bool bf = true;
-#ifndef GDN_X_NOSPLIT
     static constexpr bool split = true;   /* state and Ud as hi + lo: one bf16 rounding (2^-9) is too coarse */
-#else
-    static constexpr bool split = false;
-#endif
     static __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16_rn(x); }
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
         __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
