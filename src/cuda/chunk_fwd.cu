@@ -399,39 +399,53 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     load_rows<KT, S::LK>(Ks, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
-    /* while K lands: the first two heads' gates (warps 2, 3) and the q rstd
-     * straight from global (8 lanes a row, warp w rows 16 w..) */
+    /* q as well where its rows fit head 1's array (free until the A fill) */
+    constexpr bool QS = CC * S::LK * 2 <= CC * AF * 4;
+    E *Qs = reinterpret_cast<E *>(sm + S::at1);
+    if constexpr (QS)
+        load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
+    cp_commit();
+    /* while they land: the first two heads' gates (warps 2, 3) */
     if (w >= 2 && w - 2 < p.G) chunk_gate(p, row0, c, h * p.G + w - 2, gcs + (w - 2) * CC, bts + (w - 2) * CC);
-    {
-        const E *qs = static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K;
-        const bool vec = (p.K & 7) == 0 && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;
+    /* the q rstd, 8 lanes a row, warp w rows 16 w..: from shared memory, or (K = 256) global */
 #pragma unroll
-        for (int r4 = 0; r4 < 4; r4++) {
-            const int r = w * 16 + r4 * 4 + (lane >> 3);
-            float ss = 0.f;
-            if (l2 && r < c) {
-                const E *row = qs + (int64_t)r * p.H * p.K;
-                if (vec)
-                    for (int x = (lane & 7) * 8; x < p.K; x += 64) {
-                        const uint4 v = *reinterpret_cast<const uint4 *>(row + x);
-                        const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+    for (int r4 = 0; r4 < 4; r4++) {
+        const int r = w * 16 + r4 * 4 + (lane >> 3);
+        float ss = 0.f;
+        if constexpr (QS) {
+            if (r4 == 0) { cp_wait_all(); __syncthreads(); }
+            if (l2)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
-                    }
-                else
-                    for (int x = lane & 7; x < p.K; x += 8) { const float a = static_cast<float>(row[x]); ss += a * a; }
-            }
+                for (int x = (lane & 7) * 8; x < KT; x += 64) {   /* rows are zero past K and c */
+                    const uint4 v = *reinterpret_cast<const uint4 *>(Qs + r * S::LK + x);
+                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-            for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if ((lane & 7) == 0) {
-                const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
-                rq[r] = rs;
-                if (p.rstd_q && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
-            }
+                    for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
+                }
+        } else if (l2 && r < c) {
+            const E *row = static_cast<const E *>(p.q) + ((row0 + r) * p.H + h) * p.K;
+            if ((p.K & 7) == 0 && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0)
+                for (int x = (lane & 7) * 8; x < p.K; x += 64) {
+                    const uint4 v = *reinterpret_cast<const uint4 *>(row + x);
+                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { const float a = M::lo(vv[e]), b = M::hi(vv[e]); ss += a * a + b * b; }
+                }
+            else
+                for (int x = lane & 7; x < p.K; x += 8) { const float a = static_cast<float>(row[x]); ss += a * a; }
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((lane & 7) == 0) {
+            const float rs = l2 ? rsqrtf(ss + 1e-6f) : 1.f;
+            rq[r] = rs;
+            if (p.rstd_q && r < c) p.rstd_q[(row0 + r) * p.H + h] = rs;
         }
     }
-    cp_wait_all();
-    __syncthreads();
+    if constexpr (!QS) {
+        cp_wait_all();
+        __syncthreads();
+    }
     /* raw K K^T on this warp's blocks, kept in registers across the heads */
     const int nb = kkt_n(w);
     float acc[3][2][4];
