@@ -31,9 +31,9 @@
  * Products accumulate in fp32 on the tensor cores. With bf16 inputs the state
  * and the update's U enter as hi + lo halves; a single bf16 rounding is too
  * coarse for the bound. Long sequences with few heads are split into segments
- * (DESIGN §8): pass 1 (general form) gives each segment's map (P, S_loc), a
- * fp32 scan the incoming states, pass 3 the outputs. bench/NOTES.md has the
- * versions and numbers. */
+ * (DESIGN §8): pass 1 gives each segment's map (P, S_loc; P's columns in
+ * extra blocks that start from I with v = 0), a fp32 scan the incoming states,
+ * pass 3 the outputs. bench/NOTES.md has the versions and numbers. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -1062,20 +1062,26 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     if (sg > 0 && i0 >= nch) return;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
-    const int vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of S^T: d0, d0 + 8 */
+    /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
+     * of P (K x K, from I, with v = 0) */
+    const bool pmode = p.pass == 1 && vb >= p.nvb_v;
+    const int ncols = pmode ? p.K : p.V;
+    const int vcol0 = (pmode ? vb - p.nvb_v : vb) * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of S^T: d0, d0 + 8 */
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
 
     auto fetch = [&](int i) {   /* chunk i into stage (i - i0) & 1, by thread 0 */
         char *stg = sm + ((i - i0) & 1) * TStage::bytes;
         uint64_t *mb = full + ((i - i0) & 1);
         const int row0 = (int)(bos + (int64_t)i * CC);
-        mb_expect(mb, TStage::bytes);
+        mb_expect(mb, TStage::bytes - (pmode ? 16384 : 0));
         tma_rows(stg + TStage::kq, &tm.k, 0, h, row0, mb);
         tma_rows(stg + TStage::kq + 8192, &tm.q, 0, h, row0, mb);
         tma_rows(stg + TStage::kq + 16384, &tm.k, 64, h, row0, mb);
         tma_rows(stg + TStage::kq + 24576, &tm.q, 64, h, row0, mb);
-        tma_rows(stg + TStage::v, &tm.v, vcol0, j, row0, mb);
-        tma_rows(stg + TStage::v + 8192, &tm.v, vcol0 + 64, j, row0, mb);
+        if (!pmode) {
+            tma_rows(stg + TStage::v, &tm.v, vcol0, j, row0, mb);
+            tma_rows(stg + TStage::v + 8192, &tm.v, vcol0 + 64, j, row0, mb);
+        }
         bulk_copy(stg + TStage::rec, ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
     };
 
@@ -1087,7 +1093,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         for (int e = 0; e < 4; e++) {
             const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
             float x = 0.f;
-            if (vc < p.V) {
+            if (p.pass == 1) x = pmode && kr == vc ? 1.f : 0.f;   /* P starts at I, S_loc at 0 */
+            else if (vc < p.V) {
                 if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
                 else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
             }
@@ -1166,8 +1173,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #pragma unroll
         for (int ip = 0; ip < 8; ip += 2) {
             const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
-            uint32_t r[4];
-            ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+            uint32_t r[4] = {0u, 0u, 0u, 0u};   /* P's columns: v = 0 */
+            if (!pmode) ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
             vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
         }
         /* P (rows t of this warp, columns s of this warpgroup): masked, scaled, to shared memory */
@@ -1267,7 +1274,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                    M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
         bar_named(2 + cg, 128);
         TPROF(7);
-        for (int x = tid & 127; x < c * 8; x += 128) {
+        for (int x = tid & 127; x < (p.pass == 1 ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
             const int r = x >> 3, c8 = (x & 7) * 8;
             *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
                 *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
@@ -1288,14 +1295,18 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     }
 #endif
 #undef TPROF
-    /* the final state: ht (the last segment) */
-    if (nch == nch_all && p.ht) {
+    /* the final state: ht (the last segment), or the segment's P / S_loc */
+    float *dst = p.pass == 1 ? (pmode ? p.seg_p + (segslot * p.HV + j) * p.K * p.K : p.seg_s + (segslot * p.HV + j) * p.K * p.V)
+                             : nch == nch_all ? p.ht : nullptr;
+    if (dst) {
 #pragma unroll
         for (int i = 0; i < 16; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-                if (vc < p.V) p.ht[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] = st[4 * i + e];
+                if (vc >= ncols) continue;
+                dst[p.pass == 1 ? (int64_t)kr * ncols + vc : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] =
+                    st[4 * i + e];
             }
     }
 }
@@ -1437,7 +1448,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
             lc.attrs = at; lc.numAttrs = 1;
             return cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E>, pa, ws, tmt);
         }
-        if (tr && pa.pass == 3) chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(pa, ws, tmt);
+        if (tr) chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(pa, ws, tmt);   /* passes 1 and 3 */
         else chunk_state_kernel<KT, BV, E><<<blocks, ST, smem, st>>>(pa, ws, tm);
         return cudaGetLastError();
     };
@@ -1449,7 +1460,8 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     }
     p.maxseg = (maxch + p.sc - 1) / p.sc;
     p.pass = 1; p.nvb = p.nvb_v + (p.K + BV - 1) / BV;
-    chunk_state_kernel<KT, BV, E><<<(unsigned)(N * p.maxseg * p.HV * p.nvb), ST, smem, st>>>(p, ws, tm);
+    e = walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
+    if (e != cudaSuccess) return e;
     seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), 256, 2 * p.K * SCW * sizeof(float), st>>>(p);
     p.pass = 3; p.nvb = p.nvb_v;
     walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
