@@ -166,40 +166,30 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 #define WG_R8 "{%0,%1,%2,%3,%4,%5,%6,%7}"
 #define WG_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define WG_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define WG_OP(N, T, R, AB) "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " " R ", " AB ", p, 1, 1, 1;\n}\n"
-#define WG_A() "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-/* d[N / 2] += A (64 x 16, this warp's 16 rows in a) B (16 x N at desc) */
-template <int N, bool BF>
-__device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], uint64_t desc) {
-    if constexpr (N == 16) {
-        if constexpr (BF) asm volatile(WG_OP(16, "bf16", WG_R8, "{%8,%9,%10,%11}, %12") : WG_D8 : WG_A());
-        else asm volatile(WG_OP(16, "f16", WG_R8, "{%8,%9,%10,%11}, %12") : WG_D8 : WG_A());
-    } else if constexpr (N == 32) {
-        if constexpr (BF) asm volatile(WG_OP(32, "bf16", WG_R16, "{%16,%17,%18,%19}, %20") : WG_D16 : WG_A());
-        else asm volatile(WG_OP(32, "f16", WG_R16, "{%16,%17,%18,%19}, %20") : WG_D16 : WG_A());
-    } else {
-        static_assert(N == 64, "wgmma_rs: N is 16, 32 or 64");
-        if constexpr (BF) asm volatile(WG_OP(64, "bf16", WG_R32, "{%32,%33,%34,%35}, %36") : WG_D32 : WG_A());
-        else asm volatile(WG_OP(64, "f16", WG_R32, "{%32,%33,%34,%35}, %36") : WG_D32 : WG_A());
-    }
-}
 
-/* wgmma for the transposed state kernel: the accumulators start from zero
- * where acc = 0 (no clearing), B is MN-major where tb = 1. RS: A from this
- * warp's fragment registers; SS: A and B by descriptors, both K-major. */
+/* wgmma, d[N / 2] (+)= A (64 x 16) B (16 x N): the accumulators start from
+ * zero where acc = 0 (no clearing), B is MN-major where tb = 1. RS: A from
+ * this warp's fragment registers (its 16 rows); SS: A and B by descriptors,
+ * both K-major. */
 #define WG_D64 WG_D32, \
     "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #define WG_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define WG_A() "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
 #define WGX_OP(N, T, R, AB, ACC, TB) "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " " R ", " AB ", p, 1, 1, " TB ";\n}\n"
 template <int N, bool BF, int TB>
 __device__ __forceinline__ void wgt_rs(float *d, const uint32_t a[4], uint64_t desc, int acc) {
-    if constexpr (N == 64) {
+    if constexpr (N == 16) {
+        if constexpr (BF) asm volatile(WGX_OP(16, "bf16", WG_R8, "{%8,%9,%10,%11}, %12", "%13", "%14") : WG_D8 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(16, "f16", WG_R8, "{%8,%9,%10,%11}, %12", "%13", "%14") : WG_D8 : WG_A(), "r"(acc), "n"(TB));
+    } else if constexpr (N == 32) {
+        if constexpr (BF) asm volatile(WGX_OP(32, "bf16", WG_R16, "{%16,%17,%18,%19}, %20", "%21", "%22") : WG_D16 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(32, "f16", WG_R16, "{%16,%17,%18,%19}, %20", "%21", "%22") : WG_D16 : WG_A(), "r"(acc), "n"(TB));
+    } else if constexpr (N == 64) {
         if constexpr (BF) asm volatile(WGX_OP(64, "bf16", WG_R32, "{%32,%33,%34,%35}, %36", "%37", "%38") : WG_D32 : WG_A(), "r"(acc), "n"(TB));
         else asm volatile(WGX_OP(64, "f16", WG_R32, "{%32,%33,%34,%35}, %36", "%37", "%38") : WG_D32 : WG_A(), "r"(acc), "n"(TB));
     } else {
-        static_assert(N == 128, "wgt_rs: N is 64 or 128");
+        static_assert(N == 128, "wgt_rs: N is 16, 32, 64 or 128");
         if constexpr (BF) asm volatile(WGX_OP(128, "bf16", WG_R64, "{%64,%65,%66,%67}, %68", "%69", "%70") : WG_D64 : WG_A(), "r"(acc), "n"(TB));
         else asm volatile(WGX_OP(128, "f16", WG_R64, "{%64,%65,%66,%67}, %68", "%69", "%70") : WG_D64 : WG_A(), "r"(acc), "n"(TB));
     }
@@ -306,6 +296,27 @@ __device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return b
 __device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
     *bos = p.cu ? p.cu[n] : (int64_t)n * p.T;
     *len = p.cu ? p.cu[n + 1] - *bos : p.T;
+}
+
+/* A walk's starting state at (k row kr, column vc): pass 1 from 0 (P's
+ * columns from I), a later segment of pass 3 from its incoming state, else h0 */
+__device__ __forceinline__ float state_in(const ChunkArgs &p, bool pmode, int sg, int64_t segslot, int j, int64_t sbase, int kr,
+                                          int vc) {
+    if (p.pass == 1) return pmode && kr == vc ? 1.f : 0.f;
+    if (p.pass == 3 && sg > 0) return p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
+    if (!p.h0) return 0.f;
+    return p.h0[sbase + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
+}
+/* where a walk's final state goes: ht (the last segment; null if not asked
+ * for or not the last), or in pass 1 the segment's P / S_loc (k-first,
+ * ncols wide); state_at is (kr, vc)'s offset there */
+__device__ __forceinline__ float *state_dst(const ChunkArgs &p, bool pmode, int64_t segslot, int j, bool last) {
+    if (p.pass == 1) return pmode ? p.seg_p + (segslot * p.HV + j) * p.K * p.K : p.seg_s + (segslot * p.HV + j) * p.K * p.V;
+    return last ? p.ht : nullptr;
+}
+__device__ __forceinline__ int64_t state_at(const ChunkArgs &p, int64_t sbase, int ncols, int kr, int vc) {
+    if (p.pass == 1) return (int64_t)kr * ncols + vc;
+    return sbase + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
 }
 
 /* gate, its cumsum inside the chunk and beta for value head j, rows past c
@@ -658,7 +669,6 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
     const bool want_o = p.pass != 1;                    /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
-    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
     void *mb = sm + S::mb;
@@ -718,13 +728,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int kr = srow + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
-            float x = 0.f;
-            if (kr < p.K && vc < ncols) {
-                if (p.pass == 1) x = pmode && kr == vc ? 1.f : 0.f;   /* P starts at I, S_loc at 0 */
-                else if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
-                else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
-            }
-            st[nt][e] = x;
+            st[nt][e] = kr < p.K && vc < ncols ? state_in(p, pmode, sg, segslot, j, sbase, kr, vc) : 0.f;
         }
     /* matrix m of a stmatrix.x4 over n8 tiles (nt, nt + 1): tile nt + m / 2, rows + 8 (m % 2) */
     const int sm_row = 8 * ((lane >> 3) & 1) + (lane & 7), sm_tile = lane >> 4;
@@ -790,10 +794,10 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             const uint64_t dh = wg_desc(Ss + blk(kk * 16, cg * CW, NCB), NCB), dl = dh + ((KT * BV * 2) >> 4);
             /* no branches between the wgmma: a divergent path serialises them
              * (so pass 1 forms O and P too, and tiles right of the diagonal) */
-            wgmma_rs<CW, M::bf>(&o[0][0], aq, dh);
-            if (M::split) wgmma_rs<CW, M::bf>(&o[0][0], aq, dl);
-            wgmma_rs<CW, M::bf>(&x[0][0], ak, dh);
-            if (M::split) wgmma_rs<CW, M::bf>(&x[0][0], ak, dl);
+            wgt_rs<CW, M::bf, 1>(&o[0][0], aq, dh, 1);
+            if (M::split) wgt_rs<CW, M::bf, 1>(&o[0][0], aq, dl, 1);
+            wgt_rs<CW, M::bf, 1>(&x[0][0], ak, dh, 1);
+            if (M::split) wgt_rs<CW, M::bf, 1>(&x[0][0], ak, dl, 1);
             wg_commit();
 #pragma unroll
             for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb */
@@ -921,8 +925,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 uint32_t af[4];
                 ldsm4t(af, frag_at(Ks, S::LK, kk * 16, srow, lane));
                 const uint64_t dh = wg_desc(Ud + blk(kk * 16, sn0 * 8, NCB), NCB);
-                wgmma_rs<SNT * 8, M::bf>(&st[0][0], af, dh);
-                if (M::split) wgmma_rs<SNT * 8, M::bf>(&st[0][0], af, dh + ((CC * BV * 2) >> 4));
+                wgt_rs<SNT * 8, M::bf, 1>(&st[0][0], af, dh, 1);
+                if (M::split) wgt_rs<SNT * 8, M::bf, 1>(&st[0][0], af, dh + ((CC * BV * 2) >> 4), 1);
                 wg_commit();
                 wg_wait<1>();
             }
@@ -959,18 +963,13 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #endif
 #undef PROF
     /* the final state: ht (the last segment), or the segment's P / S_loc */
-    float *dst = p.pass == 1 ? (pmode ? p.seg_p + (segslot * p.HV + j) * p.K * p.K : p.seg_s + (segslot * p.HV + j) * p.K * p.V)
-                             : nch == nch_all ? p.ht : nullptr;
-    if (dst) {
+    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all)) {
 #pragma unroll
         for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kr = srow + g + (e >> 1) * 8, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq + (e & 1);
-                if (kr >= p.K || vc >= ncols) continue;
-                const int64_t at = p.pass == 1 ? (int64_t)kr * ncols + vc
-                                               : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
-                dst[at] = st[nt][e];
+                if (kr < p.K && vc < ncols) dst[state_at(p, sbase, ncols, kr, vc)] = st[nt][e];
             }
     }
 }
@@ -1061,7 +1060,6 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;
     if (sg > 0 && i0 >= nch) return;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
-    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
     /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
      * of P (K x K, from I, with v = 0) */
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;
@@ -1092,13 +1090,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-            float x = 0.f;
-            if (p.pass == 1) x = pmode && kr == vc ? 1.f : 0.f;   /* P starts at I, S_loc at 0 */
-            else if (vc < p.V) {
-                if (p.pass == 3 && sg > 0) x = p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
-                else if (p.h0) x = p.h0[sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
-            }
-            st[4 * i + e] = x;
+            st[4 * i + e] = vc < ncols ? state_in(p, pmode, sg, segslot, j, sbase, kr, vc) : 0.f;
         }
     if (tid == 0) {
         mb_init(full); mb_init(full + 1); mb_init2(pfull); mb_init2(pfull + 1);
@@ -1296,17 +1288,13 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #endif
 #undef TPROF
     /* the final state: ht (the last segment), or the segment's P / S_loc */
-    float *dst = p.pass == 1 ? (pmode ? p.seg_p + (segslot * p.HV + j) * p.K * p.K : p.seg_s + (segslot * p.HV + j) * p.K * p.V)
-                             : nch == nch_all ? p.ht : nullptr;
-    if (dst) {
+    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all)) {
 #pragma unroll
         for (int i = 0; i < 16; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-                if (vc >= ncols) continue;
-                dst[p.pass == 1 ? (int64_t)kr * ncols + vc : sbase + (vfirst ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)] =
-                    st[4 * i + e];
+                if (vc < ncols) dst[state_at(p, sbase, ncols, kr, vc)] = st[4 * i + e];
             }
     }
 }
