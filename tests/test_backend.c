@@ -63,23 +63,6 @@ static void tens_free(tens *x) { free(x->p); free(x->d); }
 
 static double logsigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
 
-/* dA_log and ddt_bias are sums over every token of per-token terms
- * (dg_t g_t and da_t) that cancel to a small fraction of their size, so
- * their error is measured against the larger of the sum and the norm of
- * its terms: sqrt(sum_j (out_j - ref_j)^2) / sqrt(sum_j max(ref_j^2, |terms_j|^2)). */
-static int check_reduction(const char *ctx, const char *what, const float *out, const double *ref,
-                           const double *terms2, int HV, double bound) {
-    double num = 0, den = 0;
-    for (int j = 0; j < HV; j++) {
-        if (!isfinite(out[j])) return check(0, ctx, "%s: non-finite at %d", what, j);
-        num += (out[j] - ref[j]) * (out[j] - ref[j]);
-        den += fmax(ref[j] * ref[j], terms2[j]);
-    }
-    const double err = den < 1e-18 ? sqrt(num) : sqrt(num / den);
-    return check(err <= bound, ctx, "%s: error %.3e vs bound %.1e against max(|sum|, |terms|) (%.3e)",
-                 what, err, bound, sqrt(den));
-}
-
 static void run_case(const tcase *tc, long idx) {
     const uint64_t seed = mix_seed(g_base_seed, 1000 + (uint64_t)idx);
     rng r;
@@ -167,8 +150,8 @@ static void run_case(const tcase *tc, long idx) {
     /* ---- reference ---- */
     gdn_ref_inputs in = {q.d, k.d, v.d, has_g ? g.d : NULL, beta.d, fused ? A_logd : NULL,
                          fused && tc->dtb ? dt_biasd : NULL, tc->h0 ? h0d : NULL};
-    double *o_ref = dalloc(nv), *ht_ref = dalloc(nst);
-    gdn_ref_fwd(&c, &in, o_ref, ht_ref);
+    double *o_ref = dalloc(nv), *ht_ref = dalloc(nst), *o_terms2 = dalloc(nv);
+    gdn_ref_fwd_terms(&c, &in, o_ref, ht_ref, o_terms2);
     double *dq_ref = dalloc(nqk), *dk_ref = dalloc(nqk), *dv_ref = dalloc(nv), *dg_ref = dalloc(ng),
            *db_ref = dalloc(ng), *dA_ref = dalloc(HV), *ddt_ref = dalloc(HV), *dh0_ref = dalloc(nst);
     gdn_ref_bwd(&c, &in, dout.d, tc->dht ? dhtd : NULL, dq_ref, dk_ref, dv_ref, dg_ref, db_ref, dA_ref,
@@ -204,7 +187,7 @@ static void run_case(const tcase *tc, long idx) {
             const gdn_status st = op == 0 ? gdn_chunk_fwd(&ex, &c, &a) : gdn_recurrent_fwd(&ex, &c, &a);
             if (check(st == GDN_OK, ctx, "status %s (%s)", gdn_status_string(st), gdn_last_error())) {
                 check(gdn_last_error()[0] == 0, ctx, "gdn_last_error() not empty after success: \"%s\"", gdn_last_error());
-                check_close(ctx, "o", tc->dt, o, o_ref, nv, bf);
+                check_close_terms(ctx, "o", tc->dt, o, o_ref, o_terms2, nv, bf);
                 if (tc->ht) check_close(ctx, "ht", GDN_F32, ht, ht_ref, nst, bf);
                 if (op == 0 && threads == 1) { memcpy(saved_keep, saved, saved_bytes); memcpy(o_keep, o, nv * dsz); }
                 if (op == 0 && threads == 2)
@@ -265,7 +248,9 @@ static void run_case(const tcase *tc, long idx) {
                 for (int i = 0; i < 8; i++) {
                     if (!want[i]) continue;
                     if (i == 5 || i == 6)
-                        check_reduction(ctx, names[i], outs[run][i], refs[i], i == 5 ? dA_terms2 : ddt_terms2, HV, bg);
+                        /* sums over every token of terms (dg_t g_t, da_t) that cancel */
+                        check_close_terms(ctx, names[i], GDN_F32, outs[run][i], refs[i],
+                                          i == 5 ? dA_terms2 : ddt_terms2, HV, bg);
                     else
                         check_close(ctx, names[i], types[i], outs[run][i], refs[i], sizes[i] / t_dsize(types[i]), bg);
                 }
@@ -292,7 +277,7 @@ static void run_case(const tcase *tc, long idx) {
     free(o); free(o_keep); free(saved); free(saved_keep); free(ht);
     tens_free(&q); tens_free(&k); tens_free(&v); tens_free(&g); tens_free(&beta); tens_free(&dout);
     free(A_log); free(dt_bias); free(A_logd); free(dt_biasd); free(h0); free(dht); free(h0d); free(dhtd);
-    free(o_ref); free(ht_ref);
+    free(o_ref); free(ht_ref); free(o_terms2);
     free(dA_terms2); free(ddt_terms2);
     free(dq_ref); free(dk_ref); free(dv_ref); free(dg_ref); free(db_ref); free(dA_ref); free(ddt_ref); free(dh0_ref);
 }
@@ -481,6 +466,12 @@ void test_standalone(void) {
             }
             gdn_ref_gate_fwd(rows, HV, ad, Ad, with_bias ? biasd : NULL, g_ref);
             gdn_ref_gate_bwd(rows, HV, ad, Ad, with_bias ? biasd : NULL, dgd, da_ref, dA_ref, ddt_ref);
+            /* dA_log_j sums dg g over rows and ddt_bias_j sums da: their terms */
+            double dA_terms2[8] = {0}, ddt_terms2[8] = {0};
+            for (size_t i = 0; i < n; i++) {
+                dA_terms2[i % HV] += (dgd[i] * g_ref[i]) * (dgd[i] * g_ref[i]);
+                ddt_terms2[i % HV] += da_ref[i] * da_ref[i];
+            }
             for (int ti = 0; ti < 3; ti++) {
                 gdn_exec ex = {GDN_BACKEND_CPU, NULL, ti == 2 ? 2 : 1, 0};
                 const gdn_exec *exp_ = ti == 0 ? NULL : &ex;
@@ -503,8 +494,8 @@ void test_standalone(void) {
                 st = gdn_gate_bwd(exp_, rows, HV, t, a, A, with_bias ? bias : NULL, dg, dax, dAx, want_ddt ? ddtx : NULL);
                 if (check(st == GDN_OK, ctx, "status %s (%s)", gdn_status_string(st), gdn_last_error())) {
                     check_close(ctx, "da", t, dax, da_ref, n, bound_grad(t));
-                    check_close(ctx, "dA_log", GDN_F32, dAx, dA_ref, HV, bound_grad(t));
-                    if (want_ddt) check_close(ctx, "ddt_bias", GDN_F32, ddtx, ddt_ref, HV, bound_grad(t));
+                    check_close_terms(ctx, "dA_log", GDN_F32, dAx, dA_ref, dA_terms2, HV, bound_grad(t));
+                    if (want_ddt) check_close_terms(ctx, "ddt_bias", GDN_F32, ddtx, ddt_ref, ddt_terms2, HV, bound_grad(t));
                 }
             }
             snprintf(ctx, sizeof ctx, "op=gate_bwd backend=cpu rows=%lld HV=%d dtype=%s seed=%llu [determinism]",
@@ -515,12 +506,13 @@ void test_standalone(void) {
             free(dg); free(g); free(A); free(bias); free(dA); free(ddt); free(dA2); free(ddt2);
         }
         /* l2norm */
-        /* dim 1 is left out: there dx = r dy (1 - y^2) with y^2 ~ 1 - 1e-6, so any
-         * fp32 evaluation of the usual formula loses ~all digits of a ~1e-6 result */
-        const int dims[5] = {2, 24, 64, 128, 256};
+        /* dx = r (dy - y (y.dy)) cancels where dy is near y (always at dim 1,
+         * where dx = r dy (1 - y^2) with y^2 ~ 1 - 1e-6): measured against its
+         * terms r dy_i and r y_i (y.dy), the latter's sum taken term by term */
+        const int dims[6] = {1, 2, 24, 64, 128, 256};
         for (int ri = 0; ri < 4; ri++) {
-            for (int dm = 0; dm < 5; dm++) {
-                const int64_t rows = rows_list[ri] / (dm >= 3 ? 4 : 1);
+            for (int dm = 0; dm < 6; dm++) {
+                const int64_t rows = rows_list[ri] / (dm >= 4 ? 4 : 1);
                 const int dim = dims[dm];
                 const size_t n = (size_t)rows * dim;
                 void *x = t_alloc(n * t_dsize(t)), *y = t_alloc(n * t_dsize(t)), *dy = t_alloc(n * t_dsize(t)),
@@ -534,6 +526,19 @@ void test_standalone(void) {
                 }
                 gdn_ref_l2norm_fwd(rows, dim, xd, y_ref, rs_ref);
                 gdn_ref_l2norm_bwd(rows, dim, xd, dyd, dx_ref);
+                double *dx_terms2 = dalloc(n);
+                for (int64_t row = 0; row < rows; row++) {
+                    const double rr = rs_ref[row];
+                    double yd2 = 0;
+                    for (int i = 0; i < dim; i++) {
+                        const double yi = xd[row * dim + i] * rr;
+                        yd2 += (yi * dyd[row * dim + i]) * (yi * dyd[row * dim + i]);
+                    }
+                    for (int i = 0; i < dim; i++) {
+                        const double yi = xd[row * dim + i] * rr, di = dyd[row * dim + i];
+                        dx_terms2[row * dim + i] = rr * rr * (di * di + yi * yi * yd2);
+                    }
+                }
                 const int threads = 1 + (ri + dm) % 2;
                 gdn_exec ex = {GDN_BACKEND_CPU, NULL, threads, 0};
                 snprintf(ctx, sizeof ctx, "op=l2norm_fwd backend=cpu threads=%d rows=%lld dim=%d dtype=%s seed=%llu",
@@ -549,7 +554,7 @@ void test_standalone(void) {
                 t_poison_nan(t, dx, n);
                 st = gdn_l2norm_bwd(&ex, rows, dim, t, x, rs, dy, dx);
                 if (check(st == GDN_OK, ctx, "status %s (%s)", gdn_status_string(st), gdn_last_error()))
-                    check_close(ctx, "dx", t, dx, dx_ref, n, bound_grad(t));
+                    check_close_terms(ctx, "dx", t, dx, dx_ref, dx_terms2, n, bound_grad(t));
                 /* rstd may be NULL in forward */
                 t_poison_nan(t, y, n);
                 st = gdn_l2norm_fwd(&ex, rows, dim, t, x, y, NULL);
@@ -558,6 +563,7 @@ void test_standalone(void) {
                 if (check(st == GDN_OK, ctx, "status %s (%s)", gdn_status_string(st), gdn_last_error()))
                     check_close(ctx, "y", t, y, y_ref, n, bound_fwd(t));
                 free(x); free(y); free(dy); free(dx); free(xd); free(dyd); free(y_ref); free(dx_ref); free(rs_ref); free(rs);
+                free(dx_terms2);
             }
         }
     }

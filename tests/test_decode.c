@@ -67,17 +67,30 @@ static void run_decode_case(const dcase *d, uint64_t seed) {
     memcpy(cst0, cst, sizeof(float) * pool * D * W);
 
     /* reference: per row, the conv update written out, then gdn_ref_fwd with T = 1 */
-    double *o_ref = t_alloc(sizeof(double) * B * HV * V), *st_ref = t_alloc(sizeof(double) * pool * HV * st_n);
+    double *o_ref = t_alloc(sizeof(double) * B * HV * V), *o_terms2 = t_alloc(sizeof(double) * B * HV * V),
+           *st_ref = t_alloc(sizeof(double) * pool * HV * st_n);
     double *cst_ref = t_alloc(sizeof(double) * pool * D * (W ? W : 1));
     for (size_t i = 0; i < (size_t)pool * HV * st_n; i++) st_ref[i] = state0[i];
     for (int64_t i = 0; i < pool * D * W; i++) cst_ref[i] = cst0[i];
     gdn_config rc = {.B = 1, .T = 1, .H = H, .HV = HV, .K = K, .V = V, .dtype = GDN_F32, .gate_dtype = GDN_F32,
                      .flags = d->flags | GDN_GATE_FUSED | GDN_BETA_SIGMOID};
+    /* two deliberately wrong decodes, to show the bounds catch them: the
+     * largest term of each o sum dropped, and the token's update skipped */
+    double *o_drop = t_alloc(sizeof(double) * B * HV * V), *o_skip = t_alloc(sizeof(double) * B * HV * V),
+           *st_skip = t_alloc(sizeof(double) * pool * HV * st_n), *ht_skip = t_alloc(sizeof(double) * HV * st_n),
+           *gb_off = t_alloc(sizeof(double) * HV);
+    for (int j = 0; j < HV; j++) gb_off[j] = -1e30;   /* beta = sigmoid(-1e30) = 0: no update */
+    for (size_t i = 0; i < (size_t)pool * HV * st_n; i++) st_skip[i] = state0[i];
     double *x = t_alloc(sizeof(double) * D), *q = t_alloc(sizeof(double) * H * K), *k = t_alloc(sizeof(double) * H * K),
            *v = t_alloc(sizeof(double) * HV * V), *ht = t_alloc(sizeof(double) * HV * st_n);
     for (int b = 0; b < B; b++) {
         const int64_t s = d->use_slots ? slots[b] : b;
-        if (s < 0) { for (int i = 0; i < HV * V; i++) o_ref[(size_t)b * HV * V + i] = 0; continue; }
+        if (s < 0) {
+            for (int i = 0; i < HV * V; i++)
+                o_ref[(size_t)b * HV * V + i] = o_terms2[(size_t)b * HV * V + i] = o_drop[(size_t)b * HV * V + i] =
+                    o_skip[(size_t)b * HV * V + i] = 0;
+            continue;
+        }
         for (int i = 0; i < D; i++) x[i] = ind[(size_t)b * D + i];
         if (W) {
             for (int c = 0; c < D; c++) {
@@ -93,8 +106,29 @@ static void run_decode_case(const dcase *d, uint64_t seed) {
         memcpy(v, x + 2 * H * K, sizeof(double) * HV * V);
         gdn_ref_inputs ri = {q, k, v, gad + (size_t)b * HV, gbd + (size_t)b * HV, A_logd, d->dtb ? dt_biasd : NULL,
                              st_ref + s * HV * st_n};
-        gdn_ref_fwd(&rc, &ri, o_ref + (size_t)b * HV * V, ht);
+        gdn_ref_fwd_terms(&rc, &ri, o_ref + (size_t)b * HV * V, ht, o_terms2 + (size_t)b * HV * V);
+        gdn_ref_inputs rskip = ri;
+        rskip.beta = gb_off;
+        gdn_ref_fwd(&rc, &rskip, o_skip + (size_t)b * HV * V, ht_skip);
+        memcpy(st_skip + s * HV * st_n, ht_skip, sizeof(double) * HV * st_n);
         memcpy(st_ref + s * HV * st_n, ht, sizeof(double) * HV * st_n);
+        for (int j = 0; j < HV; j++) {     /* o minus scale S[i,e] q^_i for the largest |q^_i| */
+            const double *qh = q + (j / (HV / H)) * K;
+            int im = 0;
+            for (int i = 1; i < K; i++) if (fabs(qh[i]) > fabs(qh[im])) im = i;
+            double qn = 1.0;
+            if (d->flags & GDN_QK_L2NORM) {
+                double ss = 0;
+                for (int i = 0; i < K; i++) ss += qh[i] * qh[i];
+                qn = 1.0 / sqrt(ss + 1e-6);
+            }
+            for (int e = 0; e < V; e++) {
+                const double Sie = (d->flags & GDN_STATE_V_FIRST) ? ht[((size_t)j * V + e) * K + im]
+                                                                  : ht[((size_t)j * K + im) * V + e];
+                const size_t oi = ((size_t)b * HV + j) * V + e;
+                o_drop[oi] = o_ref[oi] - Sie * qh[im] * qn / sqrt((double)K);
+            }
+        }
     }
 
     void *o = t_alloc((size_t)B * HV * V * dsz);
@@ -108,7 +142,9 @@ static void run_decode_case(const dcase *d, uint64_t seed) {
     gdn_exec ex = {GDN_BACKEND_CPU, NULL, 2, 0};
     const gdn_status s = gdn_decode_step(&ex, &c, &a);
     if (check(s == GDN_OK, ctx, "status %s (%s)", gdn_status_string(s), gdn_last_error())) {
-        check_close(ctx, "o", d->dt, o, o_ref, (size_t)B * HV * V, bound_fwd(d->dt));
+        /* o = scale S^T q is a sum over K that may cancel (with a hard decay
+         * the whole row is u (k.q)): measured against its terms */
+        check_close_terms(ctx, "o", d->dt, o, o_ref, o_terms2, (size_t)B * HV * V, bound_fwd(d->dt));
         check_close(ctx, "state", GDN_F32, state, st_ref, (size_t)pool * HV * st_n, bound_fwd(d->dt));
         if (W) check_close(ctx, "conv_state", GDN_F32, cst, cst_ref, (size_t)pool * D * W, 1e-7);
         /* pool rows no row points at: byte for byte unchanged */
@@ -122,8 +158,21 @@ static void run_decode_case(const dcase *d, uint64_t seed) {
         }
         check(untouched_ok, ctx, "pool rows of padding or unused slots changed");
     }
+    /* the bounds above fail a decode that drops a term or skips the update */
+    const size_t no = (size_t)B * HV * V, ns = (size_t)pool * HV * st_n;
+    const double e_drop = terms_err_d(o_drop, o_ref, o_terms2, no);
+    const double e_skip = fmax(terms_err_d(o_skip, o_ref, o_terms2, no), rel_err_d(st_skip, st_ref, ns, NULL));
+    int any_row = 0;   /* a row that is not padding */
+    for (int b = 0; b < B; b++) any_row |= !d->use_slots || slots[b] >= 0;
+    if (any_row) {
+        check(e_drop > bound_fwd(d->dt), ctx, "[wrong decode] one term of S^T q dropped: error %.3e would pass the bound %.1e",
+              e_drop, bound_fwd(d->dt));
+        check(e_skip > bound_fwd(d->dt), ctx, "[wrong decode] update skipped: error %.3e would pass the bound %.1e",
+              e_skip, bound_fwd(d->dt));
+    }
     free(slots); free(in); free(ga); free(gb); free(ind); free(gad); free(gbd); free(state); free(state0);
-    free(cw); free(cb); free(cst); free(cst0); free(o_ref); free(st_ref); free(cst_ref);
+    free(cw); free(cb); free(cst); free(cst0); free(o_ref); free(o_terms2); free(st_ref);
+    free(o_drop); free(o_skip); free(st_skip); free(ht_skip); free(gb_off); free(cst_ref);
     free(x); free(q); free(k); free(v); free(ht); free(o);
 }
 

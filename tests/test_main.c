@@ -26,6 +26,8 @@ int check(int ok, const char *ctx, const char *fmt, ...) {
         va_start(ap, fmt);
         printf("%s %s: ", ok ? "ok  " : "FAIL", ctx);
         vprintf(fmt, ap);
+        /* every failure names the base seed that repeats it */
+        if (!ok) printf(" [repeat: GDN_TEST_SEED=%llu]", (unsigned long long)g_base_seed);
         printf("\n");
         va_end(ap);
         fflush(stdout);
@@ -177,7 +179,12 @@ double rel_err_d(const double *a, const double *ref, size_t n, int *nonfinite) {
 
 int check_close(const char *ctx, const char *what, gdn_dtype t, const void *out,
                 const double *ref, size_t n, double bound) {
-    double num = 0, den = 0;
+    return check_close_terms(ctx, what, t, out, ref, NULL, n, bound);
+}
+
+int check_close_terms(const char *ctx, const char *what, gdn_dtype t, const void *out,
+                      const double *ref, const double *terms2, size_t n, double bound) {
+    double num = 0, den = 0, den_ref = 0;
     size_t bad = 0, first_bad = 0, worst = 0;
     double worst_d = -1;
     for (size_t i = 0; i < n; i++) {
@@ -186,7 +193,8 @@ int check_close(const char *ctx, const char *what, gdn_dtype t, const void *out,
         const double d = fabs(x - ref[i]);
         if (d > worst_d) { worst_d = d; worst = i; }
         num += d * d;
-        den += ref[i] * ref[i];
+        den_ref += ref[i] * ref[i];
+        den += terms2 ? fmax(ref[i] * ref[i], terms2[i]) : ref[i] * ref[i];
     }
     if (bad)
         return check(0, ctx, "%s: %zu non-finite element(s), first at %zu (out %g, ref %g), n=%zu",
@@ -194,9 +202,21 @@ int check_close(const char *ctx, const char *what, gdn_dtype t, const void *out,
     /* "~0": below what the output dtype can carry (f16 flushes under 6e-8) */
     const int absolute = sqrt(den) < (t == GDN_F16 ? 1e-4 : 1e-9);
     const double err = absolute ? sqrt(num) : sqrt(num) / sqrt(den);
-    return check(err <= bound, ctx, "%s: %s error %.3e vs bound %.1e (||ref|| %.3e, n=%zu, worst at %zu: out %.6g ref %.6g)",
-                 what, absolute ? "abs" : "rel", err, bound, sqrt(den), n, worst,
-                 n ? t_get(t, out, worst) : 0.0, n ? ref[worst] : 0.0);
+    char terms[64] = "";
+    if (terms2) snprintf(terms, sizeof terms, ", ||terms|| %.3e", sqrt(den));
+    return check(err <= bound, ctx, "%s: %s error %.3e vs bound %.1e (||ref|| %.3e%s, n=%zu, worst at %zu: out %.6g ref %.6g)",
+                 what, absolute ? "abs" : terms2 ? "rel to max(|ref|, |terms|)" : "rel", err, bound, sqrt(den_ref),
+                 terms, n, worst, n ? t_get(t, out, worst) : 0.0, n ? ref[worst] : 0.0);
+}
+
+double terms_err_d(const double *out, const double *ref, const double *terms2, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(out[i]) || !isfinite(ref[i])) return INFINITY;
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += terms2 ? fmax(ref[i] * ref[i], terms2[i]) : ref[i] * ref[i];
+    }
+    return sqrt(den) < 1e-9 ? sqrt(num) : sqrt(num) / sqrt(den);
 }
 
 double bound_fwd(gdn_dtype t) { return t == GDN_F32 ? 1e-5 : 5e-3; }

@@ -48,6 +48,18 @@ void flags_str(unsigned flags, char *buf, size_t n);
  * fails on any non-finite element of out. Counts one check. */
 int check_close(const char *ctx, const char *what, gdn_dtype t, const void *out,
                 const double *ref, size_t n, double bound);
+/* The same check for an output that is a sum whose terms can cancel
+ * (docs/DESIGN.md §5): terms2[i] is the squared L2 norm of the terms summed
+ * into ref[i], and the error is measured against the larger of the two,
+ *   sqrt(sum_i (out_i - ref_i)^2) / sqrt(sum_i max(ref_i^2, terms2_i)).
+ * For a sum of random-signed terms the two are alike, so the bound is as
+ * tight as check_close's; it gives only where the sum cancelled by chance.
+ * terms2 NULL: check_close. */
+int check_close_terms(const char *ctx, const char *what, gdn_dtype t, const void *out,
+                      const double *ref, const double *terms2, size_t n, double bound);
+/* that error of a double array, without counting a check (INFINITY when any
+ * element is not finite): used to show that a wrong result fails the bound */
+double terms_err_d(const double *out, const double *ref, const double *terms2, size_t n);
 /* same, for a double array (reference self-checks) */
 double rel_err_d(const double *a, const double *ref, size_t n, int *nonfinite);
 

@@ -86,7 +86,7 @@ static void eff_qk(const gdn_config *c, const double *x, double *dst) {
 
 /* ---- forward ---- */
 
-void gdn_ref_fwd(const gdn_config *c, const gdn_ref_inputs *in, double *o, double *ht) {
+static void fwd(const gdn_config *c, const gdn_ref_inputs *in, double *o, double *ht, double *o_terms2) {
     const int H = c->H, HV = c->HV, K = c->K, V = c->V, G = HV / H;
     const double scale = resolved_scale(c);
     double *S = xcalloc((size_t)K * V, sizeof(double));
@@ -121,9 +121,14 @@ void gdn_ref_fwd(const gdn_config *c, const gdn_ref_inputs *in, double *o, doubl
                 /* o = scale S^T q */
                 double *ot = o + (r * HV + j) * V;
                 for (int col = 0; col < V; col++) {
-                    double acc = 0.0;
-                    for (int i = 0; i < K; i++) acc += S[i * V + col] * q[i];
+                    double acc = 0.0, acc2 = 0.0;
+                    for (int i = 0; i < K; i++) {
+                        const double term = S[i * V + col] * q[i];
+                        acc += term;
+                        acc2 += term * term;
+                    }
                     ot[col] = scale * acc;
+                    if (o_terms2) o_terms2[(r * HV + j) * V + col] = scale * scale * acc2;
                 }
             }
             if (ht)
@@ -132,6 +137,12 @@ void gdn_ref_fwd(const gdn_config *c, const gdn_ref_inputs *in, double *o, doubl
         }
     }
     free(S); free(q); free(k); free(u);
+}
+
+void gdn_ref_fwd(const gdn_config *c, const gdn_ref_inputs *in, double *o, double *ht) { fwd(c, in, o, ht, NULL); }
+
+void gdn_ref_fwd_terms(const gdn_config *c, const gdn_ref_inputs *in, double *o, double *ht, double *o_terms2) {
+    fwd(c, in, o, ht, o_terms2);
 }
 
 /* ---- backward ---- */

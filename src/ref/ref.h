@@ -16,6 +16,10 @@ typedef struct gdn_ref_inputs {
 
 /* o [B,T,HV,V]; ht may be NULL. */
 void gdn_ref_fwd(const gdn_config *cfg, const gdn_ref_inputs *in, double *o, double *ht);
+/* The same, and o_terms2 [B,T,HV,V]: the squared L2 norm of the terms of the
+ * last sum of each o element, scale^2 sum_i (S_ie q_i)^2, against which a
+ * result that cancelled is measured (docs/DESIGN.md §5). */
+void gdn_ref_fwd_terms(const gdn_config *cfg, const gdn_ref_inputs *in, double *o, double *ht, double *o_terms2);
 
 /* Gradients of L = <dout, o> + <dht, ht> (dht NULL = 0) w.r.t. every input.
  * dg is dL/dg, or dL/da with GDN_GATE_FUSED; dbeta likewise dL/db with
