@@ -19,6 +19,18 @@ Every row times one op at one shape on both sides and prints
   - where a working set fits in L2 (50 MiB), inputs are rotated over several
     copies (the decode state pools) so L2 does not flatter.
 
+Forward+backward rows also give the peak device memory of one training step
+above its inputs on each side (torch's allocator peak for FLA; for gdn, which
+allocates nothing, the buffers the caller holds: o, ht, saved, one workspace
+for both passes, the gradients) and "ref err": gdn's largest error over every
+output and gradient against a float64 reference (torch, token by token, with
+autograd) on a slice of the shape (two sequences, 150 + 64 tokens, two q/k
+heads, the same K, G, dtype and options), both sides on the same rounded inputs.
+FLA's Triton backward refuses Triton >= 3.4, < 3.7.1 on Hopper (its issue 640:
+wrong gradients from a miscompile of chunk_bwd_dqkwg); there the bench lifts
+FLA's guard to time the same kernels, says so, and reads gdn's accuracy from
+the float64 column, not from FLA's gradients.
+
 Rows: chunk forward and forward+backward at the DESIGN.md section 7 shapes
 (qwen3next, long1, varlen, d256), the fused decode step at B = 1, 32, 256
 (B = 1 also as CUDA graph replay), and the layer ops (conv1d forward and
@@ -71,6 +83,27 @@ fla_causal_conv1d = _fla_optional("fla.modules.conv", "causal_conv1d")
 fla_causal_conv1d_update = _fla_optional("fla.modules.conv.triton", "causal_conv1d_update")
 fla_rms_norm_gated = _fla_optional("fla.modules.fused_norm_gate", "rms_norm_gated")
 fla_l2norm_fwd = _fla_optional("fla.modules.l2norm", "l2norm_fwd")
+
+
+
+def fla_lift_640_guard():
+    """FLA refuses its gated Triton backward on Hopper with Triton >= 3.4, < 3.7.1
+    (FLA issue 640). Lift the guard so the same kernels can be timed; returns
+    True when it was lifted (their gradients are then not used as a reference)."""
+    try:
+        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
+    except ImportError:
+        return False
+    if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) or not getattr(chunk_o, "IS_NVIDIA_HOPPER", False):
+        return False
+    if not getattr(chunk_o, "TRITON_ABOVE_3_4_0", False):
+        return False
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    note(f"FLA backward: triton {triton.__version__} on Hopper is inside FLA's issue-640 guard (its gated "
+         "chunk_bwd_dqkwg gives wrong gradients there); the guard was lifted to time the same Triton kernels, "
+         "so FLA's gradients are no reference: gdn's accuracy is the 'ref err' column (float64)")
+    return True
+
 
 DEV = "cuda"
 L2_BYTES = 50 << 20
@@ -268,6 +301,8 @@ class Row:
     def __init__(self, op, shape, flops=0.0, nbytes=0.0):
         self.op, self.shape, self.flops, self.bytes = op, shape, flops, nbytes
         self.gdn, self.fla, self.errs = None, None, {}
+        self.mem = {}        # fwd+bwd: peak MiB above the inputs, per side
+        self.ref_errs = {}   # fwd+bwd: gdn vs float64 on a slice, per output
 
     def try_gdn(self, fn, *a, **kw):
         return _attempt("gdn", self.op, self.shape, fn, *a, **kw)
@@ -293,7 +328,8 @@ class Row:
     def as_dict(self, copy, mm):
         d = {"op": self.op, "shape": self.shape, "flops": self.flops, "bytes": self.bytes,
              "gdn_us": _num(self.gdn), "gdn_status": _word(self.gdn), "fla_us": _num(self.fla),
-             "fla_status": _word(self.fla), "rel_err": self.errs}
+             "fla_status": _word(self.fla), "rel_err": self.errs, "peak_MiB": self.mem,
+             "ref_err": self.ref_errs}
         d["fla_over_gdn"] = d["fla_us"] / d["gdn_us"] if d["gdn_us"] and d["fla_us"] else None
         for side in ("gdn", "fla"):
             us = d[f"{side}_us"]
@@ -348,21 +384,24 @@ CHUNK_SHAPES = [
 VARLEN_SEQS, VARLEN_SEED = 8, 2024
 
 
-def chunk_inputs(s):
+def chunk_inputs(s, cu=None):
     """Fresh inputs of shape s: raw a, b with A_log / dt_bias (Mamba-style
     initialisation: slow decays) when fused, else unit-norm q, k, a log decay g
-    and beta in (0, 1)."""
-    torch.manual_seed(0)
+    and beta in (0, 1). cu: the varlen cut (default: VARLEN_SEQS random ones)."""
+    if cu is None:
+        torch.manual_seed(0)
     B, T, H, HV, K, V, dt, gdt = s.B, s.T, s.H, s.HV, s.K, s.V, s.dtype, s.gate_dtype
     t = {}
     if s.varlen:
-        rng = random.Random(VARLEN_SEED)
-        cuts = sorted(rng.sample(range(1, T), VARLEN_SEQS - 1))
-        cu = [0] + cuts + [T]
+        if cu is None:
+            rng = random.Random(VARLEN_SEED)
+            cuts = sorted(rng.sample(range(1, T), VARLEN_SEQS - 1))
+            cu = [0] + cuts + [T]
+            note(f"varlen: {VARLEN_SEQS} sequences of lengths {[b - a for a, b in zip(cu, cu[1:])]} "
+                 f"(seed {VARLEN_SEED})")
         t["cu_cpu"] = torch.tensor(cu, dtype=torch.int64)
         t["cu_dev"] = t["cu_cpu"].to(DEV)
-        note(f"varlen: {VARLEN_SEQS} sequences of lengths {[b - a for a, b in zip(cu, cu[1:])]} (seed {VARLEN_SEED})")
-    nseq = VARLEN_SEQS if s.varlen else B
+    nseq = len(cu) - 1 if s.varlen else B
     if s.fused:
         t["q"] = torch.randn(B, T, H, K, dtype=dt, device=DEV)
         t["k"] = torch.randn(B, T, H, K, dtype=dt, device=DEV)
@@ -423,7 +462,13 @@ def bench_chunk(s, want_fwd, want_bwd):
     sv = gdn.chunk_saved_size(cfg)
     saved = buffer(sv)
     ws_n = gdn.chunk_fwd_workspace_size(ex, cfg)
-    ws = buffer(ws_n)
+    bws_n = 0
+    if want_bwd:          # one workspace serves both passes: backward recomputes what forward left in it
+        try:
+            bws_n = gdn.chunk_bwd_workspace_size(ex, cfg)
+        except gdn.Error:
+            bws_n = 0
+    ws = buffer(max(ws_n, bws_n))
     fa = gdn.FwdArgs(q=ptr(t["q"]), k=ptr(t["k"]), v=ptr(t["v"]), g=ptr(t["g"]), beta=ptr(t["beta"]),
                      A_log=ptr(t["A_log"]), dt_bias=ptr(t["dt_bias"]), h0=ptr(t["h0"]), o=ptr(o), ht=ptr(ht),
                      saved=ptr(saved), saved_bytes=sv, workspace=ptr(ws), workspace_bytes=ws_n)
@@ -449,8 +494,7 @@ def bench_chunk(s, want_fwd, want_bwd):
         do = torch.randn_like(t["v"])
         dht = torch.randn_like(t["h0"])
         gr = {n: torch.empty_like(t[n]) for n in names}
-        bws_n = gdn.chunk_bwd_workspace_size(ex, cfg)
-        bws = buffer(bws_n)
+        bws = ws
         ba = gdn.BwdArgs(q=ptr(t["q"]), k=ptr(t["k"]), v=ptr(t["v"]), g=ptr(t["g"]), beta=ptr(t["beta"]),
                          A_log=ptr(t["A_log"]), dt_bias=ptr(t["dt_bias"]), h0=ptr(t["h0"]), saved=ptr(saved),
                          saved_bytes=sv, dout=ptr(do), dht=ptr(dht), dq=ptr(gr["q"]), dk=ptr(gr["k"]),
@@ -469,13 +513,91 @@ def bench_chunk(s, want_fwd, want_bwd):
 
         row = Row("chunk_fwd+bwd", s.name, flops_chunk_fwd(s) + flops_chunk_bwd(s),
                   bytes_chunk_fwd(s, nseq) + bytes_chunk_bwd(s, nseq))
+        lifted = fla_lift_640_guard()
         row.check(gdn_fwd_bwd, fla_fwd_bwd, gr.values(),
-                  lambda ref: {grad_name.get(n, "d" + n): rel_err(gr[n], r) for n, r in zip(names, ref)})
+                  lambda ref: {grad_name.get(n, "d" + n) + (" (FLA wrong, 640)" if lifted else ""): rel_err(gr[n], r)
+                               for n, r in zip(names, ref)})
         row.time_both(gdn_fwd_bwd, fla_fwd_bwd)
         if row.gdn == "unsupported":
             row.gdn = "n/a"              # no backward on gdn's CUDA backend yet
+        # peak memory above the inputs (and dout, dht) of one forward + backward
+        held = [o, ht, saved, ws] + list(gr.values())
+        row.mem["gdn"] = sum(x.numel() * x.element_size() for x in held) / 2**20
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        res = row.try_fla(fla_fwd_bwd)
+        torch.cuda.synchronize()
+        if not isinstance(res, str):
+            row.mem["fla"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        del res
+        row.ref_errs = row.try_gdn(ref_slice_errors, s) if isinstance(row.gdn, float) else {}
+        if isinstance(row.ref_errs, str):
+            row.ref_errs = {}
         rows.append(row)
     return rows
+
+
+# ---- float64 reference on a slice (forward + backward) ----
+
+def ref_gdn_f64(x, fused, scale, lens, G):
+    """The gated delta rule, token by token, in float64, on the rows of x
+    (B = 1, sequences of lengths lens back to back): returns (o, ht)."""
+    q, k, v, g, beta, h0 = x["q"][0], x["k"][0], x["v"][0], x["g"][0], x["beta"][0], x["h0"]
+    if fused:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        g = -x["A_log"].exp() * F.softplus(g + x["dt_bias"])
+        beta = beta.sigmoid()
+    q, k = q.repeat_interleave(G, dim=1), k.repeat_interleave(G, dim=1)   # [T, HV, K]
+    os, hts, r = [], [], 0
+    for n, L in enumerate(lens):
+        S = h0[n]
+        for t in range(r, r + L):
+            S = S * g[t].exp()[:, None, None]
+            u = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", S, k[t]))
+            S = S + k[t][:, :, None] * u[:, None, :]
+            os.append(scale * torch.einsum("hkv,hk->hv", S, q[t]))
+        hts.append(S)
+        r += L
+    return torch.stack(os)[None], torch.stack(hts)
+
+
+def ref_slice_errors(s):
+    """gdn's forward + backward on a slice of shape s (two sequences, varlen,
+    two q/k heads, s's K, G, dtype and options) against ref_gdn_f64 on the
+    same rounded inputs: {output: ||gdn - ref|| / ||ref||}."""
+    G, lens = s.HV // s.H, [150, 64]
+    sl = ChunkShape(s.name + "-slice", 1, sum(lens), 2, 2 * G, s.K, s.dtype, s.fused, varlen=True)
+    torch.manual_seed(1)
+    t, nseq = chunk_inputs(sl, cu=[0, lens[0], sum(lens)])
+    ex, cfg = gdn_exec(), gdn_chunk_config(sl, t)
+    names = ["q", "k", "v", "g", "beta", "h0"] + (["A_log", "dt_bias"] if s.fused else [])
+    o, ht = torch.full_like(t["v"], float("nan")), torch.full_like(t["h0"], float("nan"))
+    sv = gdn.chunk_saved_size(cfg)
+    saved = buffer(sv)
+    ws_n = max(gdn.chunk_fwd_workspace_size(ex, cfg), gdn.chunk_bwd_workspace_size(ex, cfg))
+    ws = buffer(ws_n)
+    gdn.chunk_fwd(ex, cfg, gdn.FwdArgs(q=ptr(t["q"]), k=ptr(t["k"]), v=ptr(t["v"]), g=ptr(t["g"]),
+                                       beta=ptr(t["beta"]), A_log=ptr(t["A_log"]), dt_bias=ptr(t["dt_bias"]),
+                                       h0=ptr(t["h0"]), o=ptr(o), ht=ptr(ht), saved=ptr(saved), saved_bytes=sv,
+                                       workspace=ptr(ws), workspace_bytes=ws_n))
+    do, dht = torch.randn_like(t["v"]), torch.randn_like(t["h0"])
+    gr = {n: torch.full_like(t[n], float("nan")) for n in names}
+    gdn.chunk_bwd(ex, cfg, gdn.BwdArgs(q=ptr(t["q"]), k=ptr(t["k"]), v=ptr(t["v"]), g=ptr(t["g"]),
+                                       beta=ptr(t["beta"]), A_log=ptr(t["A_log"]), dt_bias=ptr(t["dt_bias"]),
+                                       h0=ptr(t["h0"]), saved=ptr(saved), saved_bytes=sv, dout=ptr(do), dht=ptr(dht),
+                                       dq=ptr(gr["q"]), dk=ptr(gr["k"]), dv=ptr(gr["v"]), dg=ptr(gr["g"]),
+                                       dbeta=ptr(gr["beta"]), dA_log=ptr(gr.get("A_log")),
+                                       ddt_bias=ptr(gr.get("dt_bias")), dh0=ptr(gr["h0"]), workspace=ptr(ws),
+                                       workspace_bytes=ws_n))
+    x = {n: t[n].double().requires_grad_() for n in names}
+    ro, rht = ref_gdn_f64(x, s.fused, 1.0 / math.sqrt(s.K), lens, G)
+    rg = torch.autograd.grad((ro, rht), [x[n] for n in names], (do.double(), dht.double()))
+    grad_name = {"g": "da" if s.fused else "dg", "beta": "db" if s.fused else "dbeta"}
+    errs = {"o": rel_err(o, ro), "ht": rel_err(ht, rht)}
+    errs.update({grad_name.get(n, "d" + n): rel_err(gr[n], r) for n, r in zip(names, rg)})
+    return errs
 
 
 # ---- fused decode step ----
@@ -710,6 +832,21 @@ def print_table(rows, meta):
                     "-" if r["fla_over_gdn"] is None else f"{r['fla_over_gdn']:.2f}",
                     pct(r["gdn_pct_copy"]), pct(r["gdn_pct_mm"]),
                     "-" if err is None else f"{err:.1e}" + ("" if err <= ERR_FLAG else "!"))))
+    fb = [r for r in rows if r["peak_MiB"] or r["ref_err"]]
+    if fb:
+        print()
+        print(line(("op", "shape", "gdn MiB", "FLA MiB", "FLA/gdn", "", "", "ref err")))
+        for r in fb:
+            m, err = r["peak_MiB"], max(r["ref_err"].values()) if r["ref_err"] else None
+            g_, f_ = m.get("gdn"), m.get("fla")
+            print(line((r["op"], r["shape"], "-" if g_ is None else f"{g_:.0f}", "-" if f_ is None else f"{f_:.0f}",
+                        "-" if not (g_ and f_) else f"{f_ / g_:.2f}", "", "",
+                        "-" if err is None else f"{err:.1e}")))
+        print("MiB: peak device memory of one forward + backward above its inputs (and dout, dht); "
+              "ref err: gdn vs float64 on a slice, the largest over o, ht and every gradient")
+        for r in fb:
+            if r["ref_err"]:
+                print(f"  {r['shape']} ref err: " + ", ".join(f"{k} {v:.1e}" for k, v in r["ref_err"].items()))
     print()
     print(f"rel err: ||gdn - FLA|| / ||FLA||, the largest over the op's outputs; ! = above {ERR_FLAG:g}")
     for n in meta["notes"]:
