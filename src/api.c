@@ -179,12 +179,19 @@ size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     return chunk_fwd_ws(ex, &p);
 }
 
+/* backward workspace of the backend that runs the call */
+static size_t chunk_bwd_ws(const gdn_exec *ex, const gdn_plan *p) {
+#ifdef GDN_HAVE_CUDA
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return gdn_cuda_chunk_bwd_ws(p);
+#endif
+    return gdn_exec_backend(ex) == GDN_BACKEND_CPU ? gdn_cpu_chunk_bwd_ws(p) : 0;
+}
+
 size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     gdn_plan p;
     if (make_plan(ex, cfg, &p)) return 0;
-    if (gdn_exec_backend(ex) != GDN_BACKEND_CPU) { gdn_ok(); return 0; }
     gdn_ok();
-    return gdn_cpu_chunk_bwd_ws(&p);
+    return chunk_bwd_ws(ex, &p);
 }
 
 /* ---- forward ---- */
@@ -249,7 +256,6 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
     gdn_plan p;
     gdn_status s = make_plan(ex, cfg, &p);
     if (s) return s;
-    GDN_CPU_ONLY(ex, "gdn_chunk_bwd");
     NEED(a, "");
     const unsigned f = p.c.flags;
     if (p.c.B * p.c.T > 0) {
@@ -265,10 +271,18 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
         CHECK(a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
               a->saved_bytes, sv);
     }
-    size_t need = gdn_cpu_chunk_bwd_ws(&p);
+    size_t need = chunk_bwd_ws(ex, &p);
     CHECK(need == 0 || a->workspace, GDN_ERR_NULL, "workspace is NULL but %zu bytes are needed", need);
     CHECK(a->workspace_bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed",
           a->workspace_bytes, need);
+    CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p.c.cu_seqlens || p.c.cu_seqlens_dev, GDN_ERR_NULL,
+          "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_chunk_bwd(&p, a, a->workspace, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     gdn_cpu_chunk_bwd(&p, a);
     return gdn_ok();
 }

@@ -1,6 +1,7 @@
 /* The CUDA backend on the device: the chunk and recurrent forward against
  * the float64 reference (o, ht and the saved rstd; chunk sequences also split
- * across blocks), the decode step against the CPU backend, itself checked
+ * across blocks), the chunk backward against the reference and the CPU
+ * backend (every option, determinism, a CUDA graph, bad input), the decode step against the CPU backend, itself checked
  * against the reference by the other groups; the layer ops in
  * test_cuda_layer.c. Fresh random inputs, poisoned outputs. Skipped, and said
  * so, where no device is visible. */
@@ -216,6 +217,343 @@ static void chunk_bad_input(void) {
     free(pat); free(back);
 }
 
+/* ---- chunk backward on the device ----
+ * Forward on the device (its saved rstd is what the backward gets), then the
+ * backward against the float64 reference and against the CPU backend's
+ * gradients on the same inputs; outputs poisoned with NaN; a second run must
+ * give the same bits; optionally a CUDA-graph capture of the call (same bits
+ * again). */
+enum { BG_NORMAL, BG_HARD, BG_ZERO, BG_NULL };
+typedef struct bcase {
+    int64_t B, T;
+    int H, HV, K, V;
+    const int64_t *lens;
+    int nseq;
+    gdn_dtype dt, gdt;
+    unsigned flags;
+    int gmode, beta_mode;   /* beta_mode: 0 uniform, 1 near 0, 2 near 1 */
+    int h0, dht, dh0, dtb;
+    int graph;
+} bcase;
+
+static double logsig(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+
+/* dA_log, ddt_bias: error against max(|sum|, |terms|) as in test_backend.c */
+static void check_param(const char *ctx, const char *what, const float *out, const double *ref, const double *terms2,
+                        int HV, double bound) {
+    double num = 0, den = 0;
+    for (int j = 0; j < HV; j++) {
+        if (!isfinite(out[j])) { check(0, ctx, "%s: non-finite at %d", what, j); return; }
+        num += (out[j] - ref[j]) * (out[j] - ref[j]);
+        den += fmax(ref[j] * ref[j], terms2[j]);
+    }
+    const double err = den < 1e-18 ? sqrt(num) : sqrt(num / den);
+    check(err <= bound, ctx, "%s: error %.3e vs bound %.1e", what, err, bound);
+}
+
+static void bwd_case(const bcase *tc, uint64_t seed) {
+    rng r;
+    rng_seed(&r, seed);
+    const unsigned f = tc->flags;
+    const int fused = (f & GDN_GATE_FUSED) != 0, H = tc->H, HV = tc->HV, K = tc->K, V = tc->V;
+    const int has_g = fused || tc->gmode != BG_NULL;
+    char fl[96], ctx[512];
+    flags_str(f, fl, sizeof fl);
+    int64_t cu[17] = {0}, B = tc->B, T = tc->T;
+    if (tc->nseq) { B = 1; T = 0; for (int i = 0; i < tc->nseq; i++) { T += tc->lens[i]; cu[i + 1] = T; } }
+    const int64_t N = tc->nseq ? tc->nseq : B;
+    snprintf(ctx, sizeof ctx, "op=chunk_bwd backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s gate_dtype=%s flags=%s "
+             "g=%d beta=%d h0=%d dht=%d dh0=%d dt_bias=%d seed=%llu", (long long)B, (long long)T, H, HV, K, V, tc->nseq,
+             t_dtype_name(tc->dt), t_dtype_name(tc->gdt), fl, tc->gmode, tc->beta_mode, tc->h0, tc->dht, tc->dh0, tc->dtb,
+             (unsigned long long)seed);
+    const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
+                 ns = (size_t)N * HV * K * V, dsz = t_dsize(tc->dt), gsz = t_dsize(tc->gdt);
+    void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
+    void *g = t_alloc(ng * gsz), *b = t_alloc(ng * gsz);
+    double *qd = t_alloc(8 * nq), *kd = t_alloc(8 * nq), *vd = t_alloc(8 * nv), *dod = t_alloc(8 * nv), *gd = t_alloc(8 * ng),
+           *bd = t_alloc(8 * ng);
+    for (size_t i = 0; i < nq; i++) qd[i] = t_store(tc->dt, q, i, (float)rng_normal(&r));
+    for (size_t rw = 0; rw < nq / (size_t)K; rw++) {   /* without l2norm: |k| just under 1 */
+        float row[256];
+        double ss = 0;
+        for (int i = 0; i < K; i++) { row[i] = (float)rng_normal(&r); ss += (double)row[i] * row[i]; }
+        const double target = tc->dt == GDN_F32 ? 1.0 : 0.99;
+        for (int i = 0; i < K; i++)
+            kd[rw * K + i] = t_store(tc->dt, k, rw * K + i, (f & GDN_QK_L2NORM) ? row[i] : (float)(row[i] * target / sqrt(ss)));
+    }
+    for (size_t i = 0; i < nv; i++) vd[i] = t_store(tc->dt, v, i, (float)rng_normal(&r));
+    for (size_t i = 0; i < nv; i++) dod[i] = t_store(tc->dt, dout, i, (float)rng_normal(&r));
+    for (size_t i = 0; i < ng; i++) {
+        double x;
+        if (fused) {
+            x = rng_normal(&r);
+            if (tc->gmode == BG_HARD) x = 0.3 + 0.5 * x;
+            if (tc->gmode == BG_ZERO) x = -30.0;
+        } else if (tc->gmode == BG_HARD) x = rng_uniform(&r) < 0.5 ? -20.0 * rng_uniform(&r) : logsig(rng_normal(&r));
+        else if (tc->gmode == BG_ZERO || tc->gmode == BG_NULL) x = 0.0;
+        else x = logsig(rng_normal(&r));
+        gd[i] = t_store(tc->gdt, g, i, (float)x);
+        if (f & GDN_BETA_SIGMOID)
+            x = tc->beta_mode == 1 ? -7.0 + 0.5 * rng_normal(&r) : tc->beta_mode == 2 ? 7.0 + 0.5 * rng_normal(&r) : rng_normal(&r);
+        else
+            x = tc->beta_mode == 1 ? 0.01 * rng_uniform(&r) : tc->beta_mode == 2 ? 1.0 - 0.01 * rng_uniform(&r) : rng_uniform(&r);
+        bd[i] = t_store(tc->gdt, b, i, (float)x);
+    }
+    float A_log[64], dt_bias[64], *h0 = t_alloc(4 * ns), *dht = t_alloc(4 * ns);
+    double A_logd[64], dt_biasd[64], *h0d = t_alloc(8 * ns), *dhtd = t_alloc(8 * ns);
+    for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); A_logd[j] = A_log[j]; dt_bias[j] = (float)(0.5 * rng_normal(&r)); dt_biasd[j] = dt_bias[j]; }
+    for (size_t i = 0; i < ns; i++) { h0[i] = (float)rng_normal(&r); h0d[i] = h0[i]; dht[i] = (float)rng_normal(&r); dhtd[i] = dht[i]; }
+    gdn_config c = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = tc->dt, .gate_dtype = tc->gdt, .flags = f};
+    if (tc->nseq) { c.cu_seqlens = cu; c.num_seqs = tc->nseq; }
+
+    /* reference */
+    gdn_ref_inputs in = {qd, kd, vd, has_g ? gd : NULL, bd, fused ? A_logd : NULL, fused && tc->dtb ? dt_biasd : NULL,
+                         tc->h0 ? h0d : NULL};
+    double *rf[8];
+    const size_t sizes[8] = {nq, nq, nv, ng, ng, (size_t)HV, (size_t)HV, ns};
+    for (int i = 0; i < 8; i++) rf[i] = t_alloc(8 * sizes[i]);
+    gdn_ref_bwd(&c, &in, dod, tc->dht ? dhtd : NULL, rf[0], rf[1], rf[2], rf[3], rf[4], rf[5], rf[6], rf[7]);
+    double dA_t2[64] = {0}, ddt_t2[64] = {0};
+    if (fused)
+        for (size_t i = 0; i < ng; i++) {
+            const int j = (int)(i % HV);
+            const double x = gd[i] + (tc->dtb ? dt_biasd[j] : 0.0);
+            const double sp = gdn_ref_softplus(x), dsp = x > 20 ? 1.0 : 1.0 / (1.0 + exp(-x)), term = rf[3][i] * sp / dsp;
+            dA_t2[j] += term * term;
+            ddt_t2[j] += rf[3][i] * rf[3][i];
+        }
+    const gdn_dtype types[8] = {tc->dt, tc->dt, tc->dt, tc->gdt, tc->gdt, GDN_F32, GDN_F32, GDN_F32};
+    const char *names[8] = {"dq", "dk", "dv", fused ? "da" : "dg", (f & GDN_BETA_SIGMOID) ? "db" : "dbeta", "dA_log",
+                            "ddt_bias", "dh0"};
+    const int want[8] = {1, 1, 1, has_g, 1, fused, fused && tc->dh0, tc->dh0};
+
+    /* the CPU backend on the same inputs (its own forward's saved rstd) */
+    const size_t sv = gdn_chunk_saved_size(&c);
+    void *cpu_out[8];
+    for (int i = 0; i < 8; i++) cpu_out[i] = t_alloc(sizes[i] * t_dsize(types[i]));
+    {
+        void *saved = t_alloc(sv), *o = t_alloc(nv * dsz);
+        const size_t wf = gdn_chunk_fwd_workspace_size(NULL, &c), wb = gdn_chunk_bwd_workspace_size(NULL, &c);
+        void *wsf = t_alloc(wf), *wsb = t_alloc(wb);
+        gdn_fwd_args fa = {.q = q, .k = k, .v = v, .g = has_g ? g : NULL, .beta = b, .A_log = fused ? A_log : NULL,
+                           .dt_bias = fused && tc->dtb ? dt_bias : NULL, .h0 = tc->h0 ? h0 : NULL, .o = o,
+                           .saved = saved, .saved_bytes = sv, .workspace = wsf, .workspace_bytes = wf};
+        gdn_status s = gdn_chunk_fwd(NULL, &c, &fa);
+        gdn_bwd_args ba = {.q = q, .k = k, .v = v, .g = has_g ? g : NULL, .beta = b, .A_log = fused ? A_log : NULL,
+                           .dt_bias = fused && tc->dtb ? dt_bias : NULL, .h0 = tc->h0 ? h0 : NULL, .saved = saved,
+                           .saved_bytes = sv, .dout = dout, .dht = tc->dht ? dht : NULL, .dq = cpu_out[0], .dk = cpu_out[1],
+                           .dv = cpu_out[2], .dg = want[3] ? cpu_out[3] : NULL, .dbeta = cpu_out[4],
+                           .dA_log = want[5] ? (float *)cpu_out[5] : NULL, .ddt_bias = want[6] ? (float *)cpu_out[6] : NULL,
+                           .dh0 = want[7] ? (float *)cpu_out[7] : NULL, .workspace = wsb, .workspace_bytes = wb};
+        if (!s) s = gdn_chunk_bwd(NULL, &c, &ba);
+        check(s == GDN_OK, ctx, "CPU fwd/bwd: %s (%s)", gdn_status_string(s), gdn_last_error());
+        free(saved); free(o); free(wsf); free(wsb);
+    }
+
+    /* the device: inputs, the forward (saved rstd), then the backward twice (and from a graph) */
+    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz), *ddo = dev_put(dout, nv * dsz),
+         *dg_ = dev_put(g, ng * gsz), *db_ = dev_put(b, ng * gsz), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
+         *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns), *dcu = dev_put(cu, 8 * (size_t)(tc->nseq + 1));
+    if (tc->nseq) c.cu_seqlens_dev = dcu;
+    const size_t wf = gdn_chunk_fwd_workspace_size(&cuda_ex, &c), wb = gdn_chunk_bwd_workspace_size(&cuda_ex, &c);
+    void *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dO = NULL;
+    cudaMalloc(&dsv, sv + 4); cudaMalloc(&dwsf, wf + 4); cudaMalloc(&dO, nv * dsz + 4);
+    if (cudaMalloc(&dwsb, wb + 4) != cudaSuccess) { fprintf(stderr, "cudaMalloc of %zu bytes failed\n", wb); exit(1); }
+    cudaMemset(dwsb, 0xff, wb + 4);   /* NaN-filled workspace: nothing may be read before it is written */
+    gdn_fwd_args fa = {.q = dq_, .k = dk_, .v = dv_, .g = has_g ? dg_ : NULL, .beta = db_, .A_log = fused ? dA : NULL,
+                       .dt_bias = fused && tc->dtb ? ddt : NULL, .h0 = tc->h0 ? dh0in : NULL, .o = dO,
+                       .saved = dsv, .saved_bytes = sv, .workspace = dwsf, .workspace_bytes = wf};
+    gdn_status s = gdn_chunk_fwd(&cuda_ex, &c, &fa);
+    check(s == GDN_OK, ctx, "CUDA fwd: %s (%s)", gdn_status_string(s), gdn_last_error());
+    void *outs[3][8], *hbuf[3][8];
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 8; i++) {
+            const size_t bytes = sizes[i] * t_dsize(types[i]);
+            hbuf[run][i] = t_alloc(bytes);
+            t_poison_nan(types[i], hbuf[run][i], sizes[i]);
+            outs[run][i] = dev_put(hbuf[run][i], bytes);
+        }
+    int runs_ok = 1;
+    for (int run = 0; run < (tc->graph ? 3 : 2); run++) {
+        gdn_bwd_args ba = {.q = dq_, .k = dk_, .v = dv_, .g = has_g ? dg_ : NULL, .beta = db_, .A_log = fused ? dA : NULL,
+                           .dt_bias = fused && tc->dtb ? ddt : NULL, .h0 = tc->h0 ? dh0in : NULL, .saved = dsv,
+                           .saved_bytes = sv, .dout = ddo, .dht = tc->dht ? ddht : NULL, .dq = outs[run][0],
+                           .dk = outs[run][1], .dv = outs[run][2], .dg = want[3] ? outs[run][3] : NULL, .dbeta = outs[run][4],
+                           .dA_log = want[5] ? (float *)outs[run][5] : NULL, .ddt_bias = want[6] ? (float *)outs[run][6] : NULL,
+                           .dh0 = want[7] ? (float *)outs[run][7] : NULL, .workspace = dwsb, .workspace_bytes = wb};
+        cudaError_t e = cudaSuccess;
+        if (run < 2) s = gdn_chunk_bwd(&cuda_ex, &c, &ba);
+        else {   /* captured into a graph (global mode: a host sync or an allocation fails it), then launched */
+            cudaStream_t st;
+            cudaStreamCreate(&st);
+            gdn_exec ex = cuda_ex;
+            ex.stream = st;
+            cudaGraph_t graph = NULL;
+            cudaGraphExec_t gexec = NULL;
+            e = cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+            s = e == cudaSuccess ? gdn_chunk_bwd(&ex, &c, &ba) : GDN_OK;
+            const cudaError_t e2 = e == cudaSuccess ? cudaStreamEndCapture(st, &graph) : e;
+            if (e == cudaSuccess) e = e2;
+            if (e == cudaSuccess) e = cudaGraphInstantiate(&gexec, graph, 0);
+            if (e == cudaSuccess) e = cudaGraphLaunch(gexec, st);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+            if (gexec) cudaGraphExecDestroy(gexec);
+            if (graph) cudaGraphDestroy(graph);
+            cudaStreamDestroy(st);
+        }
+        const cudaError_t e3 = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = e3;
+        char c2[600];
+        snprintf(c2, sizeof c2, "%s%s", ctx, run == 2 ? " [CUDA graph]" : run == 1 ? " [second run]" : "");
+        runs_ok &= check(s == GDN_OK && e == cudaSuccess, c2, "status %s (%s), cuda %s", gdn_status_string(s),
+                         gdn_last_error(), cudaGetErrorString(e));
+        cudaGetLastError();
+        if (!runs_ok) break;
+        for (int i = 0; i < 8; i++) dev_get(hbuf[run][i], outs[run][i], sizes[i] * t_dsize(types[i]));
+    }
+    if (runs_ok) {
+        const double bg = bound_grad(tc->dt);
+        size_t most = 1;
+        for (int i = 0; i < 8; i++) if (sizes[i] > most) most = sizes[i];
+        double *cref = t_alloc(8 * most);
+        for (int i = 0; i < 8; i++) {
+            if (!want[i]) continue;
+            char c2[600];
+            snprintf(c2, sizeof c2, "%s vs CPU", names[i]);
+            for (size_t x = 0; x < sizes[i]; x++) cref[x] = t_get(types[i], cpu_out[i], x);
+            if (i == 5 || i == 6) {
+                check_param(ctx, names[i], hbuf[0][i], rf[i], i == 5 ? dA_t2 : ddt_t2, HV, bg);
+                check_param(ctx, c2, hbuf[0][i], cref, i == 5 ? dA_t2 : ddt_t2, HV, bg);
+            } else {
+                check_close(ctx, names[i], types[i], hbuf[0][i], rf[i], sizes[i], bg);
+                check_close(ctx, c2, types[i], hbuf[0][i], cref, sizes[i], bg);
+            }
+            const size_t bytes = sizes[i] * t_dsize(types[i]);
+            snprintf(c2, sizeof c2, "%s [determinism]", ctx);
+            check(!memcmp(hbuf[0][i], hbuf[1][i], bytes), c2, "%s: two runs differ", names[i]);
+            if (tc->graph) {
+                snprintf(c2, sizeof c2, "%s [CUDA graph]", ctx);
+                check(!memcmp(hbuf[0][i], hbuf[2][i], bytes), c2, "%s: the graph's result differs", names[i]);
+            }
+        }
+        free(cref);
+    }
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 8; i++) { cudaFree(outs[run][i]); free(hbuf[run][i]); }
+    void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dcu, dsv, dwsf, dwsb, dO};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+    for (int i = 0; i < 8; i++) { free(rf[i]); free(cpu_out[i]); }
+    free(q); free(k); free(v); free(dout); free(g); free(b); free(qd); free(kd); free(vd); free(dod); free(gd); free(bd);
+    free(h0); free(dht); free(h0d); free(dhtd);
+}
+
+/* chunk backward on the device with bad arguments: the status, a message, and
+ * no output byte written */
+static void chunk_bwd_bad_input(void) {
+    enum { B = 1, T = 100, H = 2, HV = 4, K = 32, V = 48 };
+    int64_t cu[3] = {0, 40, T};
+    gdn_config c = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = GDN_BF16, .gate_dtype = GDN_F32,
+                    .flags = GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID};
+    gdn_config cv = c;
+    cv.cu_seqlens = cu; cv.num_seqs = 2;
+    const size_t nq = (size_t)B * T * H * K * 2, nv = (size_t)B * T * HV * V * 2, ng = (size_t)B * T * HV * 4,
+                 ns = (size_t)B * HV * K * V * 4;
+    const size_t sv = gdn_chunk_saved_size(&c), nws = gdn_chunk_bwd_workspace_size(&cuda_ex, &c),
+                 nwsv = gdn_chunk_bwd_workspace_size(&cuda_ex, &cv);
+    check(nws > 0, "op=chunk_bwd backend=cuda bad input", "the CUDA workspace size is %zu", nws);
+    size_t big = nq > nv ? nq : nv;
+    if (ns > big) big = ns;
+    unsigned char *pat = t_alloc(big), *back = t_alloc(big);
+    memset(pat, 0x5a, big);
+    void *in = dev_put(pat, big), *dq = dev_put(pat, nq), *dk = dev_put(pat, nq), *dv = dev_put(pat, nv), *dg = dev_put(pat, ng),
+         *db = dev_put(pat, ng), *dA = dev_put(pat, 4 * HV), *dd = dev_put(pat, 4 * HV), *dh0 = dev_put(pat, ns), *ws = NULL;
+    cudaMalloc(&ws, (nws > nwsv ? nws : nwsv) + 4);
+    const gdn_bwd_args good = {.q = in, .k = in, .v = in, .g = in, .beta = in, .A_log = (const float *)in, .saved = in,
+                               .saved_bytes = sv, .dout = in, .dq = dq, .dk = dk, .dv = dv, .dg = dg, .dbeta = db,
+                               .dA_log = (float *)dA, .ddt_bias = (float *)dd, .dh0 = (float *)dh0, .workspace = ws,
+                               .workspace_bytes = nws};
+    for (int cs = 0; cs < 6; cs++) {
+        gdn_config cc = c;
+        gdn_bwd_args a = good;
+        gdn_status want = GDN_ERR_NULL;
+        const char *what = "";
+        switch (cs) {
+        case 0: a.workspace_bytes = nws - 1; want = GDN_ERR_WORKSPACE; what = "workspace_bytes one short"; break;
+        case 1: a.saved_bytes = sv - 1; want = GDN_ERR_WORKSPACE; what = "saved_bytes one short"; break;
+        case 2: a.workspace = NULL; what = "workspace NULL"; break;
+        case 3: cc = cv; a.workspace_bytes = nwsv; what = "cu_seqlens without cu_seqlens_dev"; break;
+        case 4: a.dA_log = NULL; what = "dA_log NULL with GDN_GATE_FUSED"; break;
+        default: a.saved = NULL; what = "saved NULL with GDN_QK_L2NORM"; break;
+        }
+        const gdn_status s = gdn_chunk_bwd(&cuda_ex, &cc, &a);
+        cudaDeviceSynchronize();
+        int same = 1;
+        const struct { void *p; size_t n; } outs[8] = {{dq, nq}, {dk, nq}, {dv, nv}, {dg, ng}, {db, ng}, {dA, 4 * HV}, {dd, 4 * HV}, {dh0, ns}};
+        for (int i = 0; i < 8; i++) { dev_get(back, outs[i].p, outs[i].n); same &= !memcmp(back, pat, outs[i].n); }
+        char ctx[160];
+        snprintf(ctx, sizeof ctx, "op=chunk_bwd backend=cuda bad input: %s", what);
+        check(s == want && gdn_last_error()[0] && same, ctx, "status %s (want %s), message \"%s\", outputs %s",
+              gdn_status_string(s), gdn_status_string(want), gdn_last_error(), same ? "unchanged" : "WRITTEN");
+    }
+    void *dev[] = {in, dq, dk, dv, dg, db, dA, dd, dh0, ws};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+    free(pat); free(back);
+}
+
+/* the backward's sweep: every option on small shapes, the chunk borders,
+ * head dims, varlen with empty and 1-token sequences, a long GVA case */
+static void test_cuda_chunk_bwd(rng *r) {
+    const gdn_dtype dts[3] = {GDN_F32, GDN_BF16, GDN_F16};
+    const unsigned L2 = GDN_QK_L2NORM, GF = GDN_GATE_FUSED, BS = GDN_BETA_SIGMOID, BN = GDN_BETA_NEGATIVE, VF = GDN_STATE_V_FIRST;
+    const unsigned fsets[8] = {0, L2, GF, BS, L2 | GF | BS, L2 | GF | BS | BN | VF, VF, GF | BS | BN};
+    chunk_bwd_bad_input();
+    /* every flag set x dtype x gate dtype on a small GVA shape */
+    for (int fi = 0; fi < 8; fi++)
+        for (int di = 0; di < 3; di++)
+            for (int gi = 0; gi < (di ? 2 : 1); gi++) {
+                if (g_quick && (fi + di + gi) % 3) continue;
+                bcase tc = {.B = 2, .T = 100, .H = 2, .HV = 4, .K = 40, .V = 24, .dt = dts[di], .gdt = gi ? dts[di] : GDN_F32,
+                            .flags = fsets[fi], .gmode = (fi + di) % 3, .beta_mode = (fi + gi) % 3, .h0 = fi % 2 == 0,
+                            .dht = fi % 3 != 1, .dh0 = 1, .dtb = fi != 2, .graph = fi == 4 && di == 1};
+                bwd_case(&tc, rng_u64(r));
+            }
+    /* no gate at all (g NULL), hard decays, beta near 0 and 1, T at the chunk borders, G in 1, 2, 4 */
+    const int64_t Ts[] = {0, 1, 63, 64, 65, 130};
+    for (int ti = 0; ti < 6; ti++)
+        for (int gm = 0; gm < 4; gm++) {
+            if (g_quick && gm != (ti & 3)) continue;
+            const int Gs[3] = {1, 2, 4};
+            bcase tc = {.B = 2, .T = Ts[ti], .H = 2, .HV = 2 * Gs[(ti + gm) % 3], .K = 16, .V = 40, .dt = dts[(ti + gm) % 3],
+                        .gdt = GDN_F32, .flags = gm == 1 ? (L2 | GF | BS) : (gm == 2 ? L2 : 0), .gmode = gm,
+                        .beta_mode = ti % 3, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
+            bwd_case(&tc, rng_u64(r));
+        }
+    /* head dims */
+    const int kv[][2] = {{16, 16}, {40, 72}, {64, 64}, {72, 40}, {128, 128}, {256, 256}, {256, 16}, {16, 256}, {1, 1}, {33, 17}};
+    for (size_t si = 0; si < sizeof kv / sizeof *kv; si++)
+        for (int di = 0; di < 3; di++) {
+            if (g_quick && (si + di) % 3) continue;
+            bcase tc = {.B = 1, .T = 150, .H = 1, .HV = 2, .K = kv[si][0], .V = kv[si][1], .dt = dts[di], .gdt = GDN_F32,
+                        .flags = fsets[(si + di) % 8], .gmode = (int)(si % 3), .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
+            bwd_case(&tc, rng_u64(r));
+        }
+    /* varlen with empty and 1-token sequences */
+    const int64_t lens[] = {0, 1, 64, 65, 0, 1, 127, 190};
+    for (int fi = 0; fi < 8; fi++)
+        for (int di = 0; di < 3; di++) {
+            if (g_quick && (fi + di) % 4) continue;
+            bcase tc = {.H = 2, .HV = 4, .K = 24, .V = 40, .lens = lens, .nseq = 8, .dt = dts[di], .gdt = GDN_F32,
+                        .flags = fsets[fi], .gmode = fi % 3, .h0 = fi % 2, .dht = 1, .dh0 = 1, .dtb = 1, .graph = fi == 5 && di == 2};
+            bwd_case(&tc, rng_u64(r));
+        }
+    /* the long GVA case: many groups of slots */
+    if (!g_quick) {
+        bcase tc = {.B = 3, .T = 5000, .H = 6, .HV = 12, .K = 40, .V = 72, .dt = GDN_BF16, .gdt = GDN_F32,
+                    .flags = L2 | GF | BS, .gmode = BG_NORMAL, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1, .graph = 1};
+        bwd_case(&tc, rng_u64(r));
+    }
+}
+
 void test_cuda(void) {
     if (!gdn_backend_available(GDN_BACKEND_CUDA)) {
         printf("  cuda: no device visible: skipped\n");
@@ -243,6 +581,7 @@ void test_cuda(void) {
     const int cshapes[][4] = {{1, 1, 16, 16}, {2, 4, 24, 40}, {2, 2, 64, 64}, {1, 2, 64, 128}, {1, 2, 128, 128}, {2, 2, 256, 48},
                               {3, 3, 33, 17}, {2, 4, 128, 128}, {1, 1, 256, 256}, {1, 2, 100, 72}, {1, 2, 128, 256}};
     chunk_bad_input();
+    if (!chunk_only) test_cuda_chunk_bwd(&r);
     /* GDN_TEST_CUDA_CHUNK_ONLY=1: only the chunk forward, on the first shapes
      * (racecheck, which is too slow for the whole group); the last two of
      * them take whole chunks by bulk copies */

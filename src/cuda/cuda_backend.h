@@ -13,6 +13,9 @@ gdn_status gdn_cuda_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a, void
 /* chunk forward; ws: gdn_cuda_chunk_fwd_ws(p) bytes of device memory */
 size_t gdn_cuda_chunk_fwd_ws(const gdn_plan *p);
 gdn_status gdn_cuda_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a, void *ws, void *stream);
+/* chunk backward; ws: gdn_cuda_chunk_bwd_ws(p) bytes of device memory */
+size_t gdn_cuda_chunk_bwd_ws(const gdn_plan *p);
+gdn_status gdn_cuda_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a, void *ws, void *stream);
 #ifdef __cplusplus
 }
 #endif
