@@ -58,9 +58,9 @@ static void fwd_case(int chunk, int split, int64_t B, int64_t T, int H, int HV, 
     for (size_t i = 0; i < ns; i++) { h0[i] = (float)(0.3 * rng_normal(&r)); h0d[i] = h0[i]; }
     gdn_config c = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
     if (nseq) { c.cu_seqlens = cu; c.num_seqs = nseq; }
-    double *o_ref = t_alloc(8 * nv), *ht_ref = t_alloc(8 * ns);
+    double *o_ref = t_alloc(8 * nv), *ht_ref = t_alloc(8 * ns), *o_terms2 = t_alloc(8 * nv);
     gdn_ref_inputs in = {qd, kd, vd, gd, bd, A_logd, dt_biasd, with_h0 ? h0d : NULL};
-    gdn_ref_fwd(&c, &in, o_ref, ht_ref);
+    gdn_ref_fwd_terms(&c, &in, o_ref, ht_ref, o_terms2);
     /* device copies; outputs poisoned with NaN */
     void *o = t_alloc(nv * dsz);
     float *ht = t_alloc(4 * ns);
@@ -84,7 +84,7 @@ static void fwd_case(int chunk, int split, int64_t B, int64_t T, int H, int HV, 
               cudaGetErrorString(e))) {
         dev_get(o, dO, nv * dsz);
         dev_get(ht, dht, 4 * ns);
-        check_close(ctx, "o", dt, o, o_ref, nv, bound_fwd(dt));
+        check_close_terms(ctx, "o", dt, o, o_ref, o_terms2, nv, bound_fwd(dt));
         check_close(ctx, "ht", GDN_F32, ht, ht_ref, ns, bound_fwd(dt));
         if (chunk && sv) {   /* rstd of q and k per (token, head) */
             const size_t nr = (size_t)(B * T) * H;
@@ -104,7 +104,7 @@ static void fwd_case(int chunk, int split, int64_t B, int64_t T, int H, int HV, 
     void *dev[] = {dq, dk, dv, dg, db, dA, ddt, dh0, dO, dht, dcu, dsv, dws};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     free(q); free(k); free(v); free(g); free(b); free(qd); free(kd); free(vd); free(gd); free(bd);
-    free(h0); free(h0d); free(o_ref); free(ht_ref); free(o); free(ht);
+    free(h0); free(h0d); free(o_ref); free(ht_ref); free(o_terms2); free(o); free(ht);
 }
 
 /* decode step on the device vs the CPU backend on the same inputs */
