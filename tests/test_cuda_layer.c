@@ -6,8 +6,8 @@
  * (src/ref) on fresh random inputs, outputs poisoned with NaN on the device,
  * bounds of DESIGN.md §5, every dtype, odd sizes and misaligned pointers (the
  * kernels' 1-element paths). Also: bad input on CUDA (status, message, no
- * device byte written), the CPU-only calls refused on CUDA, bit-identical
- * reruns and a CUDA-graph capture of every op (no host sync, no allocation).
+ * device byte written), bit-identical reruns and a CUDA-graph capture of
+ * every op (no host sync, no allocation).
  * Called at the end of test_cuda(); skipped where no device is visible. */
 #include <math.h>
 #include <stdio.h>
@@ -508,7 +508,7 @@ static void test_decode_conv(rng *r) {
         }
 }
 
-/* ---- bad input on CUDA, and the calls that stay on the CPU ---- */
+/* ---- bad input on CUDA ---- */
 
 static void test_bad_input(void) {
     enum { NB = 4096 };
@@ -546,8 +546,20 @@ static void test_bad_input(void) {
     cc.dtype = (gdn_dtype)5;
     BAD("conv1d_fwd dtype 5", GDN_ERR_DTYPE, gdn_conv1d_fwd(&ex, &cc, &ca));
     cc.dtype = GDN_F32;
-    gdn_conv1d_bwd_args cb = {din, din, NULL, NULL, din, NULL, dout, dout2, NULL, NULL};
-    BAD("conv1d_bwd (CPU only)", GDN_ERR_UNSUPPORTED, gdn_conv1d_bwd(&ex, &cc, &cb));
+    gdn_conv1d_bwd_args cb = {din, din, NULL, NULL, din, NULL, dout, dout2, NULL, dst};
+    BAD("conv1d_bwd cu_seqlens without cu_seqlens_dev", GDN_ERR_NULL, gdn_conv1d_bwd(&ex, &cv, &cb));
+    cb.dx = NULL;
+    BAD("conv1d_bwd dx NULL", GDN_ERR_NULL, gdn_conv1d_bwd(&ex, &cc, &cb));
+    cb.dx = dout;
+    cb.dweight = NULL;
+    BAD("conv1d_bwd dweight NULL", GDN_ERR_NULL, gdn_conv1d_bwd(&ex, &cc, &cb));
+    cb.dweight = dout2;
+    cc.W = 0;
+    BAD("conv1d_bwd W 0", GDN_ERR_SHAPE, gdn_conv1d_bwd(&ex, &cc, &cb));
+    cc.W = 4;
+    cc.silu = 3;
+    BAD("conv1d_bwd silu 3", GDN_ERR_OPTION, gdn_conv1d_bwd(&ex, &cc, &cb));
+    cc.silu = 1;
     gdn_conv1d_config uc = cc;
     uc.B = 3;
     BAD("conv1d_update state NULL", GDN_ERR_NULL, gdn_conv1d_update(&ex, &uc, din, din, NULL, NULL, 3, NULL, dout));
@@ -560,15 +572,19 @@ static void test_bad_input(void) {
     gdn_rmsnorm_config re = rc;
     re.eps = 0.f;
     BAD("rmsnorm_fwd eps 0", GDN_ERR_OPTION, gdn_rmsnorm_gated_fwd(&ex, &re, din, din, din, dout, (float *)dout2));
-    BAD("rmsnorm_bwd (CPU only)", GDN_ERR_UNSUPPORTED,
-        gdn_rmsnorm_gated_bwd(&ex, &rc, din, din, din, NULL, din, dout, dout2, dst));
+    BAD("rmsnorm_bwd dz NULL", GDN_ERR_NULL, gdn_rmsnorm_gated_bwd(&ex, &rc, din, din, din, NULL, din, dout, NULL, dst));
+    BAD("rmsnorm_bwd dw NULL", GDN_ERR_NULL, gdn_rmsnorm_gated_bwd(&ex, &rc, din, din, din, NULL, din, dout, dout2, NULL));
+    BAD("rmsnorm_bwd eps 0", GDN_ERR_OPTION, gdn_rmsnorm_gated_bwd(&ex, &re, din, din, din, NULL, din, dout, dout2, dst));
     BAD("gate_fwd A_log NULL", GDN_ERR_NULL, gdn_gate_fwd(&ex, 4, 2, GDN_F32, din, NULL, NULL, dout));
     BAD("gate_fwd g NULL", GDN_ERR_NULL, gdn_gate_fwd(&ex, 4, 2, GDN_F32, din, din, NULL, NULL));
     BAD("gate_fwd HV 0", GDN_ERR_SHAPE, gdn_gate_fwd(&ex, 4, 0, GDN_F32, din, din, NULL, dout));
-    BAD("gate_bwd (CPU only)", GDN_ERR_UNSUPPORTED, gdn_gate_bwd(&ex, 4, 2, GDN_F32, din, din, NULL, din, dout, dout2, dst));
+    BAD("gate_bwd dA_log NULL", GDN_ERR_NULL, gdn_gate_bwd(&ex, 4, 2, GDN_F32, din, din, NULL, din, dout, NULL, dst));
+    BAD("gate_bwd da NULL", GDN_ERR_NULL, gdn_gate_bwd(&ex, 4, 2, GDN_F32, din, din, NULL, din, NULL, dout2, dst));
+    BAD("gate_bwd dtype 5", GDN_ERR_DTYPE, gdn_gate_bwd(&ex, 4, 2, (gdn_dtype)5, din, din, NULL, din, dout, dout2, dst));
     BAD("l2norm_fwd y NULL", GDN_ERR_NULL, gdn_l2norm_fwd(&ex, 4, 8, GDN_F16, din, NULL, dout2));
     BAD("l2norm_fwd rows -1", GDN_ERR_SHAPE, gdn_l2norm_fwd(&ex, -1, 8, GDN_F16, din, dout, dout2));
-    BAD("l2norm_bwd (CPU only)", GDN_ERR_UNSUPPORTED, gdn_l2norm_bwd(&ex, 4, 8, GDN_F16, din, din, din, dout));
+    BAD("l2norm_bwd rstd NULL", GDN_ERR_NULL, gdn_l2norm_bwd(&ex, 4, 8, GDN_F16, din, NULL, din, dout));
+    BAD("l2norm_bwd dim 0", GDN_ERR_SHAPE, gdn_l2norm_bwd(&ex, 4, 0, GDN_F16, din, din, din, dout));
     /* decode with conv: the pointers the conv needs */
     gdn_decode_config dc = {.B = 2, .H = 1, .HV = 2, .K = 8, .V = 8, .dtype = GDN_F32, .num_slots = 2, .conv_W = 4};
     gdn_decode_args da = {.proj = din, .conv_state = dout2, .conv_weight = din, .a = din, .b = din, .A_log = din,
