@@ -12,8 +12,9 @@
  *   dx_i = r (a_i - x_i c),  dz_i = dy_i x_i r w_i gate'(z_i),
  *   dw_i = sum over rows of dy_i x_i r gate(z_i)
  * dx and dz in the forward's layout (r from rstd, or recomputed by the
- * forward's own sum: the same bits); dw by a second kernel: columns in groups
- * of 8 (32 without rstd, whose blocks read whole rows of x for r), the rows
+ * forward's own sum: its bits where both take the same vector width); dw by a
+ * second kernel: columns in groups of 8 (32 without rstd, whose blocks read
+ * whole rows of x for their own r), the rows
  * cut among the 8 blocks of a thread-block cluster and summed in a fixed
  * order (cuda/cluster_sum.cuh): no atomics, no workspace. */
 #include <cuda_runtime.h>
@@ -152,9 +153,10 @@ __device__ __forceinline__ float norm_dx(float a, float x, float r, float cc, in
     return V == 1 ? r * a * (eps * r * r) : r * (a - x * cc);
 }
 
-/* dx and dz, laid out as the forward: a row on G lanes, x and dy (then a)
+/* dx and dz, laid out as the forward: a row on G lanes, x, z and dy (then a)
  * in registers; r from rstd, or recomputed exactly as the forward does (the
- * same sum in the same order: the bits of the forward's rstd). */
+ * same sum in the same order: the bits of the forward's rstd when the
+ * forward took the same vector width). */
 template <int DT, int VEC, int NV>
 __global__ void __launch_bounds__(THREADS) rmsnorm_bwd_rows_kernel(NormBwdArgs p) {
     const int G = p.G, lane = threadIdx.x & (G - 1), nvec = p.V / VEC;
