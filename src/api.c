@@ -287,18 +287,16 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
     return gdn_ok();
 }
 
-/* ---- standalone gate and l2norm (forward on CPU and CUDA, backward CPU only) ---- */
+/* ---- standalone gate and l2norm (CPU and CUDA) ---- */
 
 #ifdef GDN_HAVE_CUDA
 #include "cuda/cuda_layer.h"
 #endif
 
-/* bwd: a backward call, which has no CUDA implementation */
 static gdn_status check_rows(const gdn_exec *ex, int64_t rows, int dim, const char *dim_name, gdn_dtype t,
-                             int bwd, int *threads) {
+                             int *threads) {
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
-    if (bwd) GDN_CPU_ONLY(ex, "the standalone gate and L2 norm backward");
     CHECK(rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)rows);
     CHECK(dim >= 1, GDN_ERR_SHAPE, "%s (%d) must be >= 1", dim_name, dim);
     CHECK(valid_dtype(t), GDN_ERR_DTYPE, "dtype (%d) is not GDN_F32, GDN_BF16 or GDN_F16", (int)t);
@@ -308,7 +306,7 @@ static gdn_status check_rows(const gdn_exec *ex, int64_t rows, int dim, const ch
 gdn_status gdn_gate_fwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dtype, const void *a,
                         const float *A_log, const float *dt_bias, float *g) {
     int th = 1;
-    gdn_status s = check_rows(ex, rows, HV, "HV", a_dtype, 0, &th);
+    gdn_status s = check_rows(ex, rows, HV, "HV", a_dtype, &th);
     if (s) return s;
     NEED(A_log, "");
     if (rows > 0) { NEED(a, ""); NEED(g, ""); }
@@ -326,10 +324,17 @@ gdn_status gdn_gate_bwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dt
                         const float *A_log, const float *dt_bias, const float *dg, void *da,
                         float *dA_log, float *ddt_bias) {
     int th = 1;
-    gdn_status s = check_rows(ex, rows, HV, "HV", a_dtype, 1, &th);
+    gdn_status s = check_rows(ex, rows, HV, "HV", a_dtype, &th);
     if (s) return s;
     NEED(A_log, ""); NEED(dA_log, "");
     if (rows > 0) { NEED(a, ""); NEED(dg, ""); NEED(da, ""); }
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_gate_bwd(rows, HV, a_dtype, a, A_log, dt_bias, dg, da, dA_log, ddt_bias, ex->stream)))
+            return s;
+        return gdn_ok();
+#endif
+    }
     gdn_cpu_gate_bwd(th, rows, HV, a_dtype, a, A_log, dt_bias, dg, da, dA_log, ddt_bias);
     return gdn_ok();
 }
@@ -337,7 +342,7 @@ gdn_status gdn_gate_bwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dt
 gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype, const void *x,
                           void *y, float *rstd) {
     int th = 1;
-    gdn_status s = check_rows(ex, rows, dim, "dim", dtype, 0, &th);
+    gdn_status s = check_rows(ex, rows, dim, "dim", dtype, &th);
     if (s) return s;
     if (rows > 0) { NEED(x, ""); NEED(y, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
@@ -353,9 +358,15 @@ gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype d
 gdn_status gdn_l2norm_bwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype dtype, const void *x,
                           const float *rstd, const void *dy, void *dx) {
     int th = 1;
-    gdn_status s = check_rows(ex, rows, dim, "dim", dtype, 1, &th);
+    gdn_status s = check_rows(ex, rows, dim, "dim", dtype, &th);
     if (s) return s;
     if (rows > 0) { NEED(x, ""); NEED(rstd, ""); NEED(dy, ""); NEED(dx, ""); }
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_l2norm_bwd(rows, dim, dtype, x, rstd, dy, dx, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     gdn_cpu_l2norm_bwd(th, rows, dim, dtype, x, rstd, dy, dx);
     return gdn_ok();
 }

@@ -8,8 +8,9 @@
  * dht, dbias, dh0 are optional. The update needs state always, x and y when
  * B > 0.
  *
- * CUDA (forward and update; backward is CPU only): device pointers, work
- * enqueued on gdn_exec.stream. The update's slots are then device memory,
+ * CUDA (all three calls): device pointers, work enqueued on gdn_exec.stream;
+ * with cu_seqlens, forward and backward also need cu_seqlens_dev. The
+ * update's slots are then device memory,
  * which the host cannot read without a sync: they are not checked here, and
  * the kernel treats a slot outside -1..num_slots-1 as padding. */
 #include "internal.h"
@@ -21,14 +22,12 @@
 #define CHECK GDN_CHECK
 #define NEED GDN_NEED
 
-/* The shape, dtype and option checks shared by the three calls; cuda: the
- * call has a CUDA implementation. */
-static gdn_status check_common(const gdn_exec *ex, const gdn_conv1d_config *cfg, int cuda, int *threads) {
+/* The shape, dtype and option checks shared by the three calls. */
+static gdn_status check_common(const gdn_exec *ex, const gdn_conv1d_config *cfg, int *threads) {
     NEED(cfg, " (the gdn_conv1d_config)");
     const gdn_conv1d_config *c = cfg;
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
-    if (!cuda) GDN_CPU_ONLY(ex, "conv1d backward");
     CHECK(c->B >= 0, GDN_ERR_SHAPE, "B (%lld) must be >= 0", (long long)c->B);
     CHECK(c->D >= 1, GDN_ERR_SHAPE, "D (%d) must be >= 1", c->D);
     CHECK(c->W >= 1 && c->W <= 8, GDN_ERR_SHAPE, "W (%d) must be in 1..8", c->W);
@@ -39,8 +38,8 @@ static gdn_status check_common(const gdn_exec *ex, const gdn_conv1d_config *cfg,
 }
 
 /* Forward / backward config: T, cu_seqlens (as make_plan in api.c); N out. */
-static gdn_status check_seq(const gdn_exec *ex, const gdn_conv1d_config *c, int cuda, int *threads, int64_t *N) {
-    gdn_status s = check_common(ex, c, cuda, threads);
+static gdn_status check_seq(const gdn_exec *ex, const gdn_conv1d_config *c, int *threads, int64_t *N) {
+    gdn_status s = check_common(ex, c, threads);
     if (s) return s;
     CHECK(c->T >= 0, GDN_ERR_SHAPE, "T (%lld) must be >= 0", (long long)c->T);
     CHECK((double)c->B * (double)c->T * (double)c->D * 8.0 < 9.0e18, GDN_ERR_SHAPE,
@@ -71,7 +70,7 @@ static gdn_status check_seq(const gdn_exec *ex, const gdn_conv1d_config *c, int 
 gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, const gdn_conv1d_args *a) {
     int th = 1;
     int64_t N = 0;
-    gdn_status s = check_seq(ex, cfg, 1, &th, &N);
+    gdn_status s = check_seq(ex, cfg, &th, &N);
     if (s) return s;
     NEED(a, " (the gdn_conv1d_args)");
     NEED(a->weight, " (weight [D,W])");
@@ -92,12 +91,20 @@ gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
 gdn_status gdn_conv1d_bwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, const gdn_conv1d_bwd_args *a) {
     int th = 1;
     int64_t N = 0;
-    gdn_status s = check_seq(ex, cfg, 0, &th, &N);
+    gdn_status s = check_seq(ex, cfg, &th, &N);
     if (s) return s;
     NEED(a, " (the gdn_conv1d_bwd_args)");
     NEED(a->weight, " (weight [D,W])");
     NEED(a->dweight, " (dweight [D,W] is always written)");
     if (cfg->B * cfg->T > 0) { NEED(a->x, ""); NEED(a->dy, ""); NEED(a->dx, ""); }
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
+              "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+        if ((s = gdn_cuda_conv1d_bwd(cfg, N, cfg->cu_seqlens_dev, a, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     gdn_cpu_conv1d_bwd(th, cfg, N, a);
     return gdn_ok();
 }
@@ -106,7 +113,7 @@ gdn_status gdn_conv1d_update(const gdn_exec *ex, const gdn_conv1d_config *cfg, c
                              const float *weight, const float *bias, float *state,
                              int64_t num_slots, const int32_t *slots, void *y) {
     int th = 1;
-    gdn_status s = check_common(ex, cfg, 1, &th);
+    gdn_status s = check_common(ex, cfg, &th);
     if (s) return s;
     const int64_t B = cfg->B;
     CHECK((double)B * (double)cfg->D * 8.0 < 9.0e18, GDN_ERR_SHAPE, "B*D (%lld*%d) is too large",

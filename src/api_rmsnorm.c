@@ -5,7 +5,7 @@
  * needs x, z, w, dy, dx, dz (rstd optional: NULL = recomputed). Backward
  * always needs dw, which it writes (zeros when rows == 0).
  *
- * CUDA: the forward (device pointers, gdn_exec.stream); backward is CPU only. */
+ * CUDA: forward and backward (device pointers, gdn_exec.stream). */
 #include <math.h>
 #include "internal.h"
 #include "cpu/rmsnorm.h"
@@ -16,12 +16,10 @@
 #define CHECK GDN_CHECK
 #define NEED GDN_NEED
 
-/* bwd: the backward, which has no CUDA implementation */
-static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, int bwd, int *threads) {
+static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, int *threads) {
     NEED(c, " (the gdn_rmsnorm_config)");
     gdn_status s = gdn_check_exec(ex, threads, NULL);
     if (s) return s;
-    if (bwd) GDN_CPU_ONLY(ex, "gated RMSNorm backward");
     CHECK(c->rows >= 0, GDN_ERR_SHAPE, "rows (%lld) must be >= 0", (long long)c->rows);
     CHECK(c->V >= 1, GDN_ERR_SHAPE, "V (%d) must be >= 1", c->V);
     CHECK((double)c->rows * (double)c->V < 4.0e18, GDN_ERR_SHAPE, "rows * V (%lld * %d) is too large",
@@ -37,7 +35,7 @@ static gdn_status check_config(const gdn_exec *ex, const gdn_rmsnorm_config *c, 
 gdn_status gdn_rmsnorm_gated_fwd(const gdn_exec *ex, const gdn_rmsnorm_config *cfg, const void *x,
                                  const void *z, const float *w, void *y, float *rstd) {
     int th = 1;
-    gdn_status s = check_config(ex, cfg, 0, &th);
+    gdn_status s = check_config(ex, cfg, &th);
     if (s) return s;
     if (cfg->rows > 0) { NEED(x, ""); NEED(z, ""); NEED(w, ""); NEED(y, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
@@ -55,12 +53,18 @@ gdn_status gdn_rmsnorm_gated_bwd(const gdn_exec *ex, const gdn_rmsnorm_config *c
                                  const void *z, const float *w, const float *rstd, const void *dy,
                                  void *dx, void *dz, float *dw) {
     int th = 1;
-    gdn_status s = check_config(ex, cfg, 1, &th);
+    gdn_status s = check_config(ex, cfg, &th);
     if (s) return s;
     if (cfg->rows > 0) {
         NEED(x, ""); NEED(z, ""); NEED(w, ""); NEED(dy, ""); NEED(dx, ""); NEED(dz, "");
     }
     NEED(dw, " (dw [V] is always written)");
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_rmsnorm_bwd(cfg, x, z, w, rstd, dy, dx, dz, dw, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
     if (gdn_cpu_rmsnorm_bwd(th, cfg, x, z, w, rstd, dy, dx, dz, dw))
         return gdn_fail(GDN_ERR_BACKEND, "out of memory for the dw partials (rows %lld, V %d)",
                         (long long)cfg->rows, cfg->V);

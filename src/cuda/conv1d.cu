@@ -1,4 +1,5 @@
-/* CUDA causal depthwise conv1d (the math of src/cpu/conv1d.c). For sequence
+/* CUDA causal depthwise conv1d, forward, backward and single-token update
+ * (the math of src/cpu/conv1d.c). For sequence
  * n (rows bos..eos-1 of x [B*T, D]) and channel d, with the extended input
  *     xx[s] = x[bos+s, d] (s >= 0),   h0[n, d, W+s] (-W <= s < 0; 0 without h0)
  *     y[t] = act(bias[d] + sum_{w<W} weight[d,w] xx[t-W+1+w])   (fp32, w ascending)
@@ -25,10 +26,28 @@
  * nothing races and no atomics are needed.
  * The update's launch bounds name 1 block per SM explicitly: ptxas's own
  * occupancy target spills a few registers in some instances; with this, none
- * spills. */
+ * spills.
+ * Backward, dz[t] = dy[t] act'(z[t]) (z recomputed):
+ *     dx[s] = sum_{k<W} dz[s+k] weight[W-1-k] over the taps inside s's own
+ *             sequence, + dht[n, s-eos+W] for the last W tokens of a sequence
+ *     dweight[d,w] = sum_t dz[t] xx[t-W+1+w],  dbias[d] = sum_t dz[t]
+ *     dh0[n,d,W+s] = dxx[s] (s < 0), dh0[n,d,0] = dht[n,d,0] for an empty
+ *                    sequence (else 0)
+ * One kernel for dx, dweight and dbias: a block takes 32 channels (a warp is
+ * one row of them, a coalesced piece) and walks tiles of 128 rows, staged in
+ * shared memory as f32: x with W-1 halo rows on each side, dy (then dz in
+ * place), and each row's sequence; the next tile's loads stay in flight in
+ * registers while the current one is computed. The rows are cut among the 8
+ * blocks of a thread-block cluster, and dweight / dbias are summed in an
+ * order fixed by the shape (a thread over its rows, then the block's row
+ * lanes, then the cluster's blocks through distributed shared memory:
+ * cuda/cluster_sum.cuh): no atomics, no workspace (the call takes none), the
+ * same bits every run. dh0 comes from a second, small kernel, a thread per
+ * (n, d), that recomputes the first W-1 dz of its sequence. */
 #include <cuda_runtime.h>
 #include "cuda/common.cuh"
 #include "cuda/vec.cuh"
+#include "cuda/cluster_sum.cuh"
 #include "cuda/cuda_layer.h"
 
 namespace {
@@ -47,8 +66,9 @@ struct FwdArgs {
     int D, silu, tt;     /* tt: token rows per thread */
 };
 
-/* the sequence holding row t: largest n with cu[n] <= t (R > 0) */
-__device__ __forceinline__ void seq_of(const FwdArgs &p, int64_t t, int64_t *n, int64_t *bos, int64_t *eos) {
+/* the sequence holding row t: largest n with cu[n] <= t (R > 0); Args: FwdArgs or BwdArgs */
+template <typename Args>
+__device__ __forceinline__ void seq_of(const Args &p, int64_t t, int64_t *n, int64_t *bos, int64_t *eos) {
     int64_t lo = 0, hi = p.N - 1;
     while (lo < hi) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
@@ -371,6 +391,242 @@ cudaError_t launch_update(const UpdArgs &p, int W, cudaStream_t st) {
     return cudaGetLastError();
 }
 
+
+/* ---- backward ---- */
+
+enum { BWD_THREADS = 256, BWD_CG = 32, BWD_RL = BWD_THREADS / BWD_CG, BWD_TT = 128, DH0_THREADS = 128 };
+
+struct BwdArgs {
+    const void *x, *dy;
+    const float *w, *bias, *h0, *dht;
+    void *dx;
+    float *dw, *db, *dh0;  /* db, dh0 may be NULL */
+    const int64_t *cu;     /* device cu_seqlens, or NULL: sequence n is rows n*T.. */
+    int64_t T, R, N;       /* tokens per row (no cu), rows B*T, sequences */
+    int64_t tiles_per_rank;   /* tiles of BWD_TT rows a cluster rank walks, in order */
+    int D, silu;
+};
+
+/* d SiLU(z) / dz = s (1 + z (1 - s)), s = sigmoid(z), with the approximate
+ * exp2 and reciprocal of silu_fast (a few ulp; 0 or 1 where s saturates) */
+__device__ __forceinline__ float silu_grad_fast(float z) {
+    float e, s;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.44269504f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.f + e));
+    return s * (1.f + z * (1.f - s));
+}
+
+/* dx, dweight, dbias. Block (group, rank) of a cluster of gdn::CLUSTER along
+ * gridDim.y: channels group*32 .. +31 (a warp is the 32 channels of one row,
+ * each access one coalesced piece), tiles k0..k1-1 of 128 rows. Per tile, with
+ * t0 its first row:
+ *   xs  = x of rows t0-W+1 .. t0+TT+W-2 (0 outside 0..R-1), gs = dy of rows
+ *   t0 .. t0+TT+W-2, and the sequence (n, bos, eos) of each of those rows;
+ *   A: dz[u] = dy[u] act'(z[u]) for those rows u, each in its own sequence
+ *      (window from h0 before bos), into gs in place; the tile's own rows
+ *      u < t0+TT add dz xx into this thread's dweight, dbias partials;
+ *   B: dx[s] = sum_{k<W, s+k<eos(s)} dz[s+k] weight[W-1-k] (+ dht[n, s-eos+W]
+ *      for the last W rows of a sequence) for the tile's rows.
+ * Thread (rl, c) = channel c, rows rl, rl+8, ...; the next tile's x and dy
+ * are loaded into registers (raw) while the current one is computed. The
+ * partials then meet in fixed order (cluster_col_sums): over row lanes, then
+ * ranks. The tiles of a rank, the rows of a thread, the lanes and the ranks
+ * depend on R alone, so dweight and dbias repeat bit for bit. */
+template <int DT, int W>
+__global__ void __cluster_dims__(1, gdn::CLUSTER, 1) __launch_bounds__(BWD_THREADS, 2) conv_bwd_kernel(BwdArgs p) {
+    typedef typename gdn::raw<gdn::esize<DT>()>::T E;
+    constexpr int XR = BWD_TT + 2 * (W - 1), ZR = BWD_TT + W - 1;   /* x rows, dz rows of a tile */
+    constexpr int XK = (XR + BWD_RL - 1) / BWD_RL, ZK = (ZR + BWD_RL - 1) / BWD_RL, BK = BWD_TT / BWD_RL;
+    static_assert(BWD_THREADS * (W + 1) <= XR * BWD_CG, "the partials reuse xs");
+    static_assert(ZR <= BWD_THREADS, "a thread per row looks up the sequences");
+    static_assert(BWD_TT % BWD_RL == 0, "every row lane has the same tile rows");
+    __shared__ float xs[XR][BWD_CG];
+    __shared__ float gs[ZR][BWD_CG];
+    __shared__ int64_t sq_n[ZR], sq_bos[ZR], sq_eos[ZR];
+    __shared__ double tot[BWD_CG * (W + 1)];
+    const int c = (int)threadIdx.x % BWD_CG, rl = (int)threadIdx.x / BWD_CG;
+    const int d = (int)blockIdx.x * BWD_CG + c;
+    const bool live = d < p.D;
+    const E *X = static_cast<const E *>(p.x), *DY = static_cast<const E *>(p.dy);
+    float wt[W], bv = 0.f;
+#pragma unroll
+    for (int w = 0; w < W; w++) wt[w] = live ? p.w[(int64_t)d * W + w] : 0.f;
+    if (live && p.bias) bv = p.bias[d];
+    float acc[W + 1];   /* dweight[d, 0..W-1], dbias[d] over this thread's rows */
+#pragma unroll
+    for (int k = 0; k < W + 1; k++) acc[k] = 0.f;
+
+    const int64_t ntiles = (p.R + BWD_TT - 1) / BWD_TT;
+    const int64_t k0 = (int64_t)cooperative_groups::this_cluster().block_rank() * p.tiles_per_rank;
+    const int64_t k1 = min(k0 + p.tiles_per_rank, ntiles);
+    E xr[XK], yr[ZK];                      /* the next tile's x and dy, raw */
+    int64_t qn = -1, qbos = 0, qeos = 0;   /* the sequence of the next tile's row threadIdx.x (< ZR) */
+    const auto fetch = [&](int64_t t0) {
+#pragma unroll
+        for (int j = 0; j < XK; j++) {
+            const int i = rl + j * BWD_RL;
+            const int64_t row = t0 - (W - 1) + i;
+            xr[j] = (i < XR && live && row >= 0 && row < p.R) ? X[row * p.D + d] : E(0);
+        }
+#pragma unroll
+        for (int j = 0; j < ZK; j++) {
+            const int i = rl + j * BWD_RL;
+            const int64_t row = t0 + i;
+            yr[j] = (i < ZR && live && row < p.R) ? DY[row * p.D + d] : E(0);
+        }
+        if (threadIdx.x < ZR) {
+            const int64_t row = t0 + threadIdx.x;
+            qn = -1;
+            if (row < p.R) {
+                if (p.cu) seq_of(p, row, &qn, &qbos, &qeos);
+                else { qn = row / p.T; qbos = qn * p.T; qeos = qbos + p.T; }
+            }
+        }
+    };
+    if (k0 < k1) fetch(k0 * BWD_TT);
+    for (int64_t k = k0; k < k1; k++) {
+        const int64_t t0 = k * BWD_TT;
+#pragma unroll
+        for (int j = 0; j < XK; j++) {
+            const int i = rl + j * BWD_RL;
+            if (i < XR) { float v[1]; unpack<DT, 1, E>(xr[j], v); xs[i][c] = v[0]; }
+        }
+#pragma unroll
+        for (int j = 0; j < ZK; j++) {
+            const int i = rl + j * BWD_RL;
+            if (i < ZR) { float v[1]; unpack<DT, 1, E>(yr[j], v); gs[i][c] = v[0]; }
+        }
+        if (threadIdx.x < ZR) { sq_n[threadIdx.x] = qn; sq_bos[threadIdx.x] = qbos; sq_eos[threadIdx.x] = qeos; }
+        __syncthreads();
+        if (k + 1 < k1) fetch(t0 + BWD_TT);   /* in flight through A and B */
+        /* A: dz of rows t0 + i, i < ZR (0 past R-1); the tile's own rows into the partials */
+#pragma unroll
+        for (int j = 0; j < ZK; j++) {
+            const int i = rl + j * BWD_RL;
+            if (i >= ZR) continue;
+            const int64_t u = t0 + i;
+            float dz = 0.f;
+            if (live && u < p.R) {
+                const int64_t n = sq_n[i], bos = sq_bos[i];
+                float xv[W];   /* xx[u-W+1 .. u] of u's sequence: xs row i + w, or h0 before bos */
+#pragma unroll
+                for (int w = 0; w < W; w++) {
+                    const int64_t jr = u - (W - 1) + w;
+                    xv[w] = jr >= bos ? xs[i + w][c] : p.h0 ? p.h0[(n * p.D + d) * W + W + (jr - bos)] : 0.f;
+                }
+                dz = gs[i][c];
+                if (p.silu) {
+                    float z = bv;
+#pragma unroll
+                    for (int w = 0; w < W; w++) z += wt[w] * xv[w];
+                    dz *= silu_grad_fast(z);
+                }
+                if (i < BWD_TT) {
+#pragma unroll
+                    for (int w = 0; w < W; w++) acc[w] += dz * xv[w];
+                    acc[W] += dz;
+                }
+            }
+            gs[i][c] = dz;
+        }
+        __syncthreads();
+        /* B: dx of the tile's rows, taps only inside the row's own sequence */
+#pragma unroll
+        for (int j = 0; j < BK; j++) {
+            const int i = rl + j * BWD_RL;
+            const int64_t s = t0 + i;
+            if (!live || s >= p.R) continue;
+            const int64_t eos = sq_eos[i];
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < W; q++)
+                if (s + q < eos) v += gs[i + q][c] * wt[W - 1 - q];
+            if (p.dht && s >= eos - W) v += p.dht[(sq_n[i] * p.D + d) * W + (s - eos + W)];
+            gdn::st(p.dx, s * p.D + d, v, DT);
+        }
+        __syncthreads();   /* xs, gs and the sequences are refilled next */
+    }
+    gdn::cluster_col_sums<W + 1>(acc, BWD_CG, &xs[0][0], tot, [&](int cc, int kk, double sum) {
+        const int dd = (int)blockIdx.x * BWD_CG + cc;
+        if (dd >= p.D) return;
+        if (kk < W) p.dw[(int64_t)dd * W + kk] = (float)sum;
+        else if (p.db) p.db[dd] = (float)sum;
+    });
+}
+
+/* dh0[n, d, W+s] = dxx[s] for s = -(W-1) .. -1: the taps dz[0 .. W-2] of
+ * sequence n (recomputed here from its first W-1 tokens and h0) and dht where
+ * ht read h0 (a sequence shorter than W); dh0[n, d, 0] is read only by the ht
+ * of an empty sequence (ht = h0): dht[n, d, 0] there, else 0. A thread per
+ * (n, d). */
+template <int DT, int W>
+__global__ void __launch_bounds__(DH0_THREADS) conv_dh0_kernel(BwdArgs p) {
+    const int64_t i = (int64_t)blockIdx.x * DH0_THREADS + threadIdx.x;
+    if (i >= p.N * p.D) return;
+    const int64_t n = i / p.D;
+    const int d = (int)(i % p.D);
+    const int64_t bos = p.cu ? p.cu[n] : n * p.T, L = (p.cu ? p.cu[n + 1] : bos + p.T) - bos;
+    const float *dht = p.dht ? p.dht + i * W : nullptr;
+    float *out = p.dh0 + i * W;
+    if constexpr (W > 1) {
+        float wt[W], dz[W - 1];
+#pragma unroll
+        for (int w = 0; w < W; w++) wt[w] = p.w[(int64_t)d * W + w];
+        const float bv = p.bias ? p.bias[d] : 0.f;
+#pragma unroll
+        for (int t = 0; t < W - 1; t++) {   /* dz[t], 0 past the sequence */
+            dz[t] = 0.f;
+            if (t >= L) continue;
+            dz[t] = gdn::ld(p.dy, (bos + t) * p.D + d, DT);
+            if (p.silu) {
+                float z = bv;
+#pragma unroll
+                for (int w = 0; w < W; w++) {
+                    const int jr = t - (W - 1) + w;   /* xx[jr]: x from bos, h0 before */
+                    z += wt[w] * (jr >= 0 ? gdn::ld(p.x, (bos + jr) * p.D + d, DT) : p.h0 ? p.h0[i * W + W + jr] : 0.f);
+                }
+                dz[t] *= silu_grad_fast(z);
+            }
+        }
+#pragma unroll
+        for (int j = 1; j < W; j++) {
+            const int s = j - W;
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < W; q++)   /* s + q <= W - 2: inside dz */
+                if (s + q >= 0 && s + q < L) v += dz[s + q] * wt[W - 1 - q];
+            if (dht && s >= L - W) v += dht[s - L + W];
+            out[j] = v;
+        }
+    }
+    out[0] = (L == 0 && dht) ? dht[0] : 0.f;
+}
+
+template <int DT, int W>
+cudaError_t launch_bwd_w(const BwdArgs &p, cudaStream_t st) {
+    const unsigned groups = (unsigned)((p.D + BWD_CG - 1) / BWD_CG);
+    conv_bwd_kernel<DT, W><<<dim3(groups, gdn::CLUSTER), BWD_THREADS, 0, st>>>(p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || !p.dh0 || p.N == 0) return e;
+    const unsigned blocks = (unsigned)((p.N * p.D + DH0_THREADS - 1) / DH0_THREADS);
+    conv_dh0_kernel<DT, W><<<blocks, DH0_THREADS, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+template <int DT>
+cudaError_t launch_bwd(const BwdArgs &p, int W, cudaStream_t st) {
+    switch (W) {
+    case 1: return launch_bwd_w<DT, 1>(p, st);
+    case 2: return launch_bwd_w<DT, 2>(p, st);
+    case 3: return launch_bwd_w<DT, 3>(p, st);
+    case 4: return launch_bwd_w<DT, 4>(p, st);
+    case 5: return launch_bwd_w<DT, 5>(p, st);
+    case 6: return launch_bwd_w<DT, 6>(p, st);
+    case 7: return launch_bwd_w<DT, 7>(p, st);
+    default: return launch_bwd_w<DT, 8>(p, st);
+    }
+}
+
 }  // namespace
 
 extern "C" gdn_status gdn_cuda_conv1d_fwd(const gdn_conv1d_config *c, int64_t N, const int64_t *cu_dev,
@@ -426,5 +682,21 @@ extern "C" gdn_status gdn_cuda_conv1d_update(const gdn_conv1d_config *c, const v
     const cudaError_t e = c->dtype == GDN_F32 ? launch_update<0>(p, W, st)
                         : c->dtype == GDN_BF16 ? launch_update<1>(p, W, st) : launch_update<2>(p, W, st);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "conv1d update kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}
+
+extern "C" gdn_status gdn_cuda_conv1d_bwd(const gdn_conv1d_config *c, int64_t N, const int64_t *cu_dev,
+                                          const gdn_conv1d_bwd_args *a, void *stream) {
+    BwdArgs p;
+    p.x = a->x; p.dy = a->dy; p.w = a->weight; p.bias = a->bias; p.h0 = a->h0; p.dht = a->dht;
+    p.dx = a->dx; p.dw = a->dweight; p.db = a->dbias; p.dh0 = a->dh0;
+    p.cu = c->cu_seqlens ? cu_dev : nullptr;
+    p.T = c->T; p.R = c->B * c->T; p.N = N; p.D = c->D; p.silu = c->silu;
+    const int64_t ntiles = (p.R + BWD_TT - 1) / BWD_TT;
+    p.tiles_per_rank = (ntiles + gdn::CLUSTER - 1) / gdn::CLUSTER;
+    cudaStream_t st = (cudaStream_t)stream;
+    const cudaError_t e = c->dtype == GDN_F32 ? launch_bwd<0>(p, c->W, st)
+                        : c->dtype == GDN_BF16 ? launch_bwd<1>(p, c->W, st) : launch_bwd<2>(p, c->W, st);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "conv1d backward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
