@@ -568,8 +568,14 @@ void test_cuda(void) {
     const int shapes[][4] = {{1, 1, 16, 16}, {2, 4, 24, 40}, {2, 2, 64, 64}, {1, 2, 128, 128}, {2, 2, 256, 48}, {3, 3, 33, 17}};
     const int64_t Ts[] = {0, 1, 63, 64, 65, 130};
     const int64_t lens[] = {0, 1, 64, 65, 0, 1, 127};
-    const char *co = getenv("GDN_TEST_CUDA_CHUNK_ONLY");
+    const char *co = getenv("GDN_TEST_CUDA_CHUNK_ONLY"), *bo = getenv("GDN_TEST_CUDA_BWD_ONLY");
     const int chunk_only = co && *co == '1';
+    if (bo && *bo == '1') {   /* only the backward passes (for the sanitizers) */
+        void test_cuda_layer_bwd(void);
+        test_cuda_chunk_bwd(&r);
+        test_cuda_layer_bwd();
+        return;
+    }
     for (size_t si = 0; si < (chunk_only ? 0 : sizeof shapes / sizeof *shapes); si++)
         for (int fi = 0; fi < 5; fi++) {
             const gdn_dtype dt = dts[(si + fi) % 3];

@@ -27,6 +27,7 @@
 
 #ifndef GDN_HAVE_CUDA
 void test_cuda_layer(void) { printf("  cuda layer ops: not built (no nvcc at build time): skipped\n"); }
+void test_cuda_layer_bwd(void) { test_cuda_layer(); }
 #else
 #include <cuda_runtime_api.h>
 
@@ -90,6 +91,15 @@ static void dclose(const char *ctx, const char *what, gdn_dtype t, const void *d
     void *h = t_alloc(n * t_dsize(t));
     dget(h, d, n * t_dsize(t));
     check_close(ctx, what, t, h, ref, n, bound);
+    free(h);
+}
+
+/* check_close_terms on a device tensor (docs/DESIGN.md §5: sums that cancel) */
+static void dclose_terms(const char *ctx, const char *what, gdn_dtype t, const void *d, const double *ref,
+                         const double *terms2, size_t n, double bound) {
+    void *h = t_alloc(n * t_dsize(t));
+    dget(h, d, n * t_dsize(t));
+    check_close_terms(ctx, what, t, h, ref, terms2, n, bound);
     free(h);
 }
 
@@ -829,14 +839,18 @@ static void decode_case(int B, int H, int HV, int K, int V, int W, gdn_dtype dt,
     float *state = rnd(&r, GDN_F32, nst, 0.3, std0), *cw = rnd(&r, GDN_F32, (size_t)D * Wc, 0.5, cwd),
           *cb = rnd(&r, GDN_F32, D, 0.1, cbd), *cst = rnd(&r, GDN_F32, ncs, 1.0, csd);
     /* reference: per row, the conv update written out, then the recurrence with T = 1 */
-    double *o_ref = dvec(no), *st_ref = dvec(nst), *x = dvec(D), *q = dvec((size_t)H * K), *k = dvec((size_t)H * K),
+    double *o_ref = dvec(no), *o_terms2 = dvec(no), *st_ref = dvec(nst), *x = dvec(D), *q = dvec((size_t)H * K), *k = dvec((size_t)H * K),
            *v = dvec((size_t)HV * V), *ht = dvec((size_t)HV * st_n);
     memcpy(st_ref, std0, nst * sizeof(double));
     gdn_config rc = {.B = 1, .T = 1, .H = H, .HV = HV, .K = K, .V = V, .dtype = GDN_F32, .gate_dtype = GDN_F32,
                      .flags = flags | GDN_GATE_FUSED | GDN_BETA_SIGMOID};
     for (int b = 0; b < B; b++) {
         const int64_t s = sref[b];
-        if (s < 0) { memset(o_ref + (size_t)b * HV * V, 0, sizeof(double) * HV * V); continue; }
+        if (s < 0) {
+            memset(o_ref + (size_t)b * HV * V, 0, sizeof(double) * HV * V);
+            memset(o_terms2 + (size_t)b * HV * V, 0, sizeof(double) * HV * V);
+            continue;
+        }
         for (int i = 0; i < D; i++) x[i] = ind[(size_t)b * D + i];
         if (W)
             for (int c = 0; c < D; c++) {
@@ -850,7 +864,7 @@ static void decode_case(int B, int H, int HV, int K, int V, int W, gdn_dtype dt,
         memcpy(k, x + H * K, sizeof(double) * H * K);
         memcpy(v, x + 2 * H * K, sizeof(double) * HV * V);
         gdn_ref_inputs ri = {q, k, v, gad + (size_t)b * HV, gbd + (size_t)b * HV, A_logd, dt_biasd, st_ref + s * HV * st_n};
-        gdn_ref_fwd(&rc, &ri, o_ref + (size_t)b * HV * V, ht);
+        gdn_ref_fwd_terms(&rc, &ri, o_ref + (size_t)b * HV * V, ht, o_terms2 + (size_t)b * HV * V);
         memcpy(st_ref + s * HV * st_n, ht, sizeof(double) * HV * st_n);
     }
     void *ob;
@@ -867,7 +881,7 @@ static void decode_case(int B, int H, int HV, int K, int V, int W, gdn_dtype dt,
     const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
     const gdn_status s = gdn_decode_step(&ex, &c, &a);
     if (ran(ctx, s)) {
-        dclose(ctx, "o", dt, dO, o_ref, no, bound_fwd(dt));
+        dclose_terms(ctx, "o", dt, dO, o_ref, o_terms2, no, bound_fwd(dt));
         dclose(ctx, "state", GDN_F32, dst, st_ref, nst, bound_fwd(dt));
         if (W) dclose(ctx, "conv_state", GDN_F32, dcs, csd, ncs, 1e-7);
         float *st2 = t_alloc(nst * 4), *cs2 = t_alloc(ncs * 4);
@@ -887,7 +901,7 @@ static void decode_case(int B, int H, int HV, int K, int V, int W, gdn_dtype dt,
     void *dev[] = {din, dga, dgb, dA, ddt, dst, dcw, dcb, dcs, dsl, ob};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     free(slots); free(sref); free(ind); free(gad); free(gbd); free(in); free(ga); free(gb); free(std0); free(cwd);
-    free(cbd); free(csd); free(state); free(cw); free(cb); free(cst); free(o_ref); free(st_ref); free(x); free(q);
+    free(cbd); free(csd); free(state); free(cw); free(cb); free(cst); free(o_ref); free(o_terms2); free(st_ref); free(x); free(q);
     free(k); free(v); free(ht);
 }
 
@@ -1201,5 +1215,14 @@ void test_cuda_layer(void) {
     test_decode_conv(&r);
     test_bad_input();
     test_graph(&r);
+}
+
+/* the backward passes alone (GDN_TEST_CUDA_BWD_ONLY=1, for the sanitizers) */
+void test_cuda_layer_bwd(void) {
+    if (!gdn_backend_available(GDN_BACKEND_CUDA)) return;
+    rng r;
+    rng_seed(&r, mix_seed(g_base_seed, 0xc0da1a7e));
+    test_conv_bwd(&r);
+    test_norms_bwd(&r);
 }
 #endif
