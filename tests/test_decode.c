@@ -75,7 +75,8 @@ static void run_decode_case(const dcase *d, uint64_t seed) {
     gdn_config rc = {.B = 1, .T = 1, .H = H, .HV = HV, .K = K, .V = V, .dtype = GDN_F32, .gate_dtype = GDN_F32,
                      .flags = d->flags | GDN_GATE_FUSED | GDN_BETA_SIGMOID};
     /* two deliberately wrong decodes, to show the bounds catch them: the
-     * largest term of each o sum dropped, and the token's update skipped */
+     * largest term of each o sum dropped (at least 1/K of |o|, 1/sqrt(K) of
+     * its terms: above every bound for K <= 128), and the update skipped */
     double *o_drop = t_alloc(sizeof(double) * B * HV * V), *o_skip = t_alloc(sizeof(double) * B * HV * V),
            *st_skip = t_alloc(sizeof(double) * pool * HV * st_n), *ht_skip = t_alloc(sizeof(double) * HV * st_n),
            *gb_off = t_alloc(sizeof(double) * HV);
@@ -112,22 +113,28 @@ static void run_decode_case(const dcase *d, uint64_t seed) {
         gdn_ref_fwd(&rc, &rskip, o_skip + (size_t)b * HV * V, ht_skip);
         memcpy(st_skip + s * HV * st_n, ht_skip, sizeof(double) * HV * st_n);
         memcpy(st_ref + s * HV * st_n, ht, sizeof(double) * HV * st_n);
-        for (int j = 0; j < HV; j++) {     /* o minus scale S[i,e] q^_i for the largest |q^_i| */
+        for (int j = 0; j < HV; j++) {     /* o without its largest term: scale S[i,e] q^_i, largest over e */
             const double *qh = q + (j / (HV / H)) * K;
-            int im = 0;
-            for (int i = 1; i < K; i++) if (fabs(qh[i]) > fabs(qh[im])) im = i;
             double qn = 1.0;
             if (d->flags & GDN_QK_L2NORM) {
                 double ss = 0;
                 for (int i = 0; i < K; i++) ss += qh[i] * qh[i];
                 qn = 1.0 / sqrt(ss + 1e-6);
             }
-            for (int e = 0; e < V; e++) {
-                const double Sie = (d->flags & GDN_STATE_V_FIRST) ? ht[((size_t)j * V + e) * K + im]
-                                                                  : ht[((size_t)j * K + im) * V + e];
-                const size_t oi = ((size_t)b * HV + j) * V + e;
-                o_drop[oi] = o_ref[oi] - Sie * qh[im] * qn / sqrt((double)K);
+            const double sc = qn / sqrt((double)K);
+#define S_AT(i, e) ((d->flags & GDN_STATE_V_FIRST) ? ht[((size_t)j * V + (e)) * K + (i)] : ht[((size_t)j * K + (i)) * V + (e)])
+            int im = 0;
+            double best = -1;
+            for (int i = 0; i < K; i++) {
+                double t2 = 0;
+                for (int e = 0; e < V; e++) t2 += (S_AT(i, e) * qh[i]) * (S_AT(i, e) * qh[i]);
+                if (t2 > best) { best = t2; im = i; }
             }
+            for (int e = 0; e < V; e++) {
+                const size_t oi = ((size_t)b * HV + j) * V + e;
+                o_drop[oi] = o_ref[oi] - S_AT(im, e) * qh[im] * sc;
+            }
+#undef S_AT
         }
     }
 
