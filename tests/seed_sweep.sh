@@ -33,6 +33,7 @@ done
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+trap 'trap - TERM INT; kill 0; exit 130' TERM INT   # a stopped sweep stops its runs too
 echo "seed_sweep: $n seeds of $prog $*, $jobs at a time, OMP_NUM_THREADS=$threads"
 t0=$(date +%s)
 # one random 63-bit seed a line
@@ -43,6 +44,7 @@ deadline=0
 export prog threads dir deadline
 run_one() {
   local seed=$1
+  [ -d "$dir" ] || return 0
   if [ "$deadline" -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then return 0; fi
   echo "$seed" >> "$dir/ran"
   if GDN_TEST_SEED=$seed OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=passive "$prog" "${@:2}" > "$dir/$seed.log" 2>&1; then
