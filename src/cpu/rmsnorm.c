@@ -109,9 +109,11 @@ static void bwd_row(const gdn_rmsnorm_config *c, const void *x, const void *z, c
     const float rs = rstd ? rstd[r] : row_rstd(xr, V, c->eps);
     const int silu = c->gate == GDN_NORM_GATE_SILU;
     for (int i = 0; i < V; i++) {
-        const float s = sigm(zr[i]);
+        /* 1 - s as sigmoid(-z): formed as 1 - s it keeps only eps / (1 - s) of
+         * its digits where the gate saturates (s(1 - s) at z = 8: 1e-4) */
+        const float s = sigm(zr[i]), sn = sigm(-zr[i]);
         const float g = silu ? zr[i] * s : s;
-        const float dg = silu ? s * (1.f + zr[i] * (1.f - s)) : s * (1.f - s);
+        const float dg = silu ? s * (1.f + zr[i] * sn) : s * sn;
         const float dyx = ar[i] * (xr[i] * rs);
         dwp[i] += (double)(dyx * g);
         zr[i] = dyx * w[i] * dg;        /* dz */

@@ -137,13 +137,14 @@ struct NormBwdArgs {
 };
 
 /* gate(z) and its derivative: SiLU z s and s (1 + z (1 - s)), sigmoid s and s
- * (1 - s). s = 1 / (1 + e^-z) as gdn::sigmoid, its reciprocal by __frcp_rn
+ * (1 - s), with 1 - s taken as sigmoid(-z) (formed as 1 - s it keeps only
+ * eps / (1 - s) of its digits where the gate saturates). s = 1 / (1 + e^-z) as gdn::sigmoid, its reciprocal by __frcp_rn
  * (the same correctly rounded value) rather than '/', whose called slow path
  * spills in the dw kernel. */
 __device__ __forceinline__ void gate_and_grad(float z, int sigm, float *g, float *dg) {
-    const float s = __frcp_rn(1.f + expf(-z));
+    const float s = __frcp_rn(1.f + expf(-z)), sn = __frcp_rn(1.f + expf(z));
     *g = sigm ? s : z * s;
-    *dg = sigm ? s * (1.f - s) : s * (1.f + z * (1.f - s));
+    *dg = sigm ? s * sn : s * (1.f + z * sn);
 }
 
 /* dx of one element from a = dy w gate(z), x, r and cc = r^2 (a . x) / V.
