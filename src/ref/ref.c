@@ -147,10 +147,10 @@ void gdn_ref_fwd_terms(const gdn_config *c, const gdn_ref_inputs *in, double *o,
 
 /* ---- backward ---- */
 
-void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
-                 const double *dout, const double *dht,
-                 double *dq_out, double *dk_out, double *dv_out, double *dg_out, double *dbeta_out,
-                 double *dA_log_out, double *ddt_bias_out, double *dh0_out) {
+static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
+                const double *dout, const double *dht,
+                double *dq_out, double *dk_out, double *dv_out, double *dg_out, double *dbeta_out,
+                double *dA_log_out, double *ddt_bias_out, double *dh0_out, double *dh0_terms2) {
     const int H = c->H, HV = c->HV, K = c->K, V = c->V, G = HV / H;
     const double scale = resolved_scale(c);
     const int64_t rows = c->B * c->T;
@@ -177,6 +177,7 @@ void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
     double *us = xcalloc((size_t)max_len * V + 1, sizeof(double));
     double *ws = xcalloc((size_t)max_len * V + 1, sizeof(double));
     double *decays = xcalloc((size_t)max_len + 1, sizeof(double));
+    double *reach = xcalloc((size_t)max_len + 1, sizeof(double));   /* prod of decays[0..t] */
     double *betas = xcalloc((size_t)max_len + 1, sizeof(double));
     double *dS = xcalloc(KV, sizeof(double));
     double *Sa = xcalloc(KV, sizeof(double));
@@ -213,6 +214,8 @@ void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
             }
 
             /* reverse sweep: dS = dL/dS after the current token */
+            for (int64_t t = 0; t < len; t++) reach[t] = (t ? reach[t - 1] : 1.0) * decays[t];
+            double most2 = 0.0;   /* max over tokens of reach^2 ||dS before the removal||^2 */
             for (int i = 0; i < K; i++)
                 for (int col = 0; col < V; col++)
                     dS[i * V + col] = dht ? dht[state_index(c, n, j, i, col)] : 0.0;
@@ -247,6 +250,11 @@ void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
                     for (int i = 0; i < K; i++) acc += dS[i * V + col] * k[i];
                     du[col] = acc;
                 }
+                if (dh0_terms2) {
+                    double ss = 0.0;
+                    for (size_t e = 0; e < KV; e++) ss += dS[e] * dS[e];
+                    if (reach[t] * reach[t] * ss > most2) most2 = reach[t] * reach[t] * ss;
+                }
                 /* u = beta (v - w):  dbeta = du . (v - w);  dv = beta du;  dw = -beta du */
                 double db = 0.0;
                 for (int col = 0; col < V; col++) db += du[col] * (v[col] - w[col]);
@@ -273,6 +281,11 @@ void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
             if (dh0_out)
                 for (int i = 0; i < K; i++)
                     for (int col = 0; col < V; col++) dh0_out[state_index(c, n, j, i, col)] = dS[i * V + col];
+            if (dh0_terms2) {
+                if (len == 0) { most2 = 0.0; for (size_t e = 0; e < KV; e++) most2 += dS[e] * dS[e]; }
+                for (int i = 0; i < K; i++)
+                    for (int col = 0; col < V; col++) dh0_terms2[state_index(c, n, j, i, col)] = most2 / (double)KV;
+            }
         }
     }
 
@@ -313,8 +326,20 @@ void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in,
     }
 
     free(dqh); free(dkh); free(dgeff); free(dbeff);
-    free(states); free(qs); free(ks); free(us); free(ws); free(decays); free(betas);
+    free(states); free(qs); free(ks); free(us); free(ws); free(decays); free(reach); free(betas);
     free(dS); free(Sa); free(du); free(dw);
+}
+
+void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in, const double *dout, const double *dht,
+                 double *dq, double *dk, double *dv, double *dg, double *dbeta,
+                 double *dA_log, double *ddt_bias, double *dh0) {
+    bwd(c, in, dout, dht, dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0, NULL);
+}
+
+void gdn_ref_bwd_terms(const gdn_config *c, const gdn_ref_inputs *in, const double *dout, const double *dht,
+                       double *dq, double *dk, double *dv, double *dg, double *dbeta,
+                       double *dA_log, double *ddt_bias, double *dh0, double *dh0_terms2) {
+    bwd(c, in, dout, dht, dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0, dh0_terms2);
 }
 
 /* ---- standalone gate ---- */
