@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-import gdn
+from gdn import capi as gdn
 
 import fla
 import fla.ops.gated_delta_rule.chunk as _fla_chunk_module

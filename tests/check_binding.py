@@ -1,4 +1,4 @@
-"""The ctypes binding (python/gdn.py) against the C header: every struct the
+"""The ctypes binding (python/gdn/capi.py) against the C header: every struct the
 binding mirrors must have the same size and alignment, and every mirrored
 field the same offset and size, as the C compiler sees them; every struct
 and function of the header must be in the binding (the import resolves each
@@ -7,6 +7,7 @@ function in the library). Run by ctest where python3 is found:
     python3 tests/check_binding.py CC INCLUDE_DIR LIBGDN
 """
 import ctypes
+import importlib.util
 import os
 import re
 import subprocess
@@ -15,8 +16,11 @@ import tempfile
 
 cc, include, libpath = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["GDN_LIB"] = libpath
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
-import gdn  # noqa: E402
+# capi.py alone (standard library only), not the package, which needs numpy
+_spec = importlib.util.spec_from_file_location(
+    "gdn_capi", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python", "gdn", "capi.py"))
+gdn = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gdn)
 
 lines_c = ['#include <stdio.h>', '#include <stddef.h>', '#include "gdn.h"', "int main(void) {"]
 want = []

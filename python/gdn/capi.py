@@ -1,21 +1,25 @@
-"""gdn: a thin ctypes binding of libgdn (the C API of include/gdn.h).
+"""gdn.capi: the ctypes mirror of the C API (include/gdn.h), one to one.
 
 Pure standard library. The enums, the structs and the prototypes mirror
-include/gdn.h one to one; the header is the documentation of every call.
-Pointers are plain ints (device or host addresses), so a torch tensor is
-passed as tensor.data_ptr() and a CUDA stream as stream.cuda_stream.
-A call that returns a non-zero gdn_status raises gdn.Error (gdn.Unsupported
-for GDN_ERR_UNSUPPORTED) with the text of gdn_last_error().
+include/gdn.h; the header is the documentation of every call. Pointers are
+plain ints (device or host addresses), so a torch tensor is passed as
+tensor.data_ptr() and a CUDA stream as stream.cuda_stream. A call that
+returns a non-zero gdn_status raises GdnError (Unsupported for
+GDN_ERR_UNSUPPORTED) with the text of gdn_last_error().
 
-The library is loaded at import from $GDN_LIB, else ./build-gpu/libgdn.so,
-else build-gpu/libgdn.so next to this file's repository.
+Most users want the functions of the gdn package instead (arrays in, arrays
+out, autograd); this module is for engines that manage their own memory.
 
-    import gdn
-    ex = gdn.Exec(backend=gdn.BACKEND_CUDA, stream=torch.cuda.current_stream().cuda_stream)
-    cfg = gdn.Config(B=1, T=128, H=2, HV=4, K=64, V=64, dtype=gdn.BF16, gate_dtype=gdn.F32,
-                     flags=gdn.QK_L2NORM | gdn.GATE_FUSED | gdn.BETA_SIGMOID)
-    args = gdn.FwdArgs(q=q.data_ptr(), k=k.data_ptr(), ...)
-    gdn.chunk_fwd(ex, cfg, args)
+The library is loaded at import from $GDN_LIB, else the libgdn.so installed
+inside this package (pip install .), else a build folder of the source tree
+this file sits in (build-gpu/, then build/).
+
+    from gdn import capi
+    ex = capi.Exec(backend=capi.BACKEND_CUDA, stream=torch.cuda.current_stream().cuda_stream)
+    cfg = capi.Config(B=1, T=128, H=2, HV=4, K=64, V=64, dtype=capi.BF16, gate_dtype=capi.F32,
+                      flags=capi.QK_L2NORM | capi.GATE_FUSED | capi.BETA_SIGMOID)
+    args = capi.FwdArgs(q=q.data_ptr(), k=k.data_ptr(), ...)
+    capi.chunk_fwd(ex, cfg, args)
 """
 import ctypes
 import os
@@ -120,14 +124,19 @@ STRUCTS = {
 def _find_lib():
     env = os.environ.get("GDN_LIB")
     if env:
+        if not os.path.exists(env):
+            raise OSError(f"GDN_LIB is set to {env!r}, which does not exist")
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    for cand in (os.path.join(os.getcwd(), "build-gpu", "libgdn.so"),
-                 os.path.join(here, os.pardir, "build-gpu", "libgdn.so")):
+    repo = os.path.normpath(os.path.join(here, os.pardir, os.pardir))
+    cands = [os.path.join(here, "libgdn.so")]
+    cands += [os.path.join(repo, d, "libgdn.so") for d in ("build-gpu", "build")]
+    for cand in cands:
         if os.path.exists(cand):
-            return os.path.normpath(cand)
-    raise OSError("libgdn.so not found: set GDN_LIB, or build it with "
-                  "cmake -B build-gpu && cmake --build build-gpu -j16")
+            return cand
+    raise OSError("libgdn.so not found (looked at " + ", ".join(cands) + "): install the package with "
+                  "`pip install .`, or build the library with `cmake -B build && cmake --build build`, "
+                  "or set GDN_LIB to its path")
 
 
 lib = ctypes.CDLL(_find_lib())
@@ -165,7 +174,7 @@ for _name, (_res, _args) in _PROTOS.items():
 
 # ---- errors ----
 
-class Error(RuntimeError):
+class GdnError(RuntimeError):
     """A gdn call returned a non-zero status; .status, .name and .message say which and why."""
 
     def __init__(self, func, status, message):
@@ -174,7 +183,7 @@ class Error(RuntimeError):
         super().__init__(f"{func}: {self.name}: {message}")
 
 
-class Unsupported(Error):
+class Unsupported(GdnError):
     """GDN_ERR_UNSUPPORTED: a valid request that this backend does not do (yet)."""
 
 
@@ -188,14 +197,14 @@ def last_error():
 
 def _check(func, status):
     if status != OK:
-        raise (Unsupported if status == ERR_UNSUPPORTED else Error)(func, status, last_error())
+        raise (Unsupported if status == ERR_UNSUPPORTED else GdnError)(func, status, last_error())
 
 
 def _size(func, n):
     # the size queries answer 0 and set the last error on a bad config (no status to name)
     msg = last_error() if n == 0 else ""
     if msg:
-        raise Error(func, None, msg)
+        raise GdnError(func, None, msg)
     return n
 
 

@@ -1,0 +1,81 @@
+"""Plain torch float64 references for the package's tests: the gated delta
+rule written as its recurrence (DESIGN.md §2, token by token), the causal
+conv1d, the gated RMSNorm, and the Qwen3-Next gated-delta-net layer built
+from them. Slow and obvious on purpose; autograd through them gives the
+reference gradients."""
+import torch
+import torch.nn.functional as F
+
+
+def gate(a, A_log, dt_bias):
+    """g = -exp(A_log) * softplus(a + dt_bias)."""
+    x = a + (dt_bias if dt_bias is not None else 0.0)
+    return -A_log.exp() * F.softplus(x)
+
+
+def l2norm(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def gated_delta_rule(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None, qk_l2norm=False, gate_fused=False,
+                     A_log=None, dt_bias=None, beta_sigmoid=False, beta_negative=False, v_first=False):
+    """o [B,T,HV,V], ht [N,HV,K,V] (v-first: [N,HV,V,K]), in the dtype of the inputs (use float64)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G = HV // H
+    scale = K ** -0.5 if scale is None else scale
+    if qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    if g is None:
+        g = torch.zeros(B, T, HV, dtype=q.dtype, device=q.device)
+    if gate_fused:
+        g = gate(g, A_log, dt_bias)
+    if beta_sigmoid:
+        beta = beta.sigmoid() * (2.0 if beta_negative else 1.0)
+    q, k = q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)
+    if cu_seqlens is None:
+        spans = [(b, 0, T) for b in range(B)]
+    else:
+        c = [int(x) for x in cu_seqlens]
+        spans = [(0, c[n], c[n + 1]) for n in range(len(c) - 1)]
+    pieces, hts = [], []
+    for n, (b, t0, t1) in enumerate(spans):
+        S = torch.zeros(HV, K, V, dtype=q.dtype, device=q.device)
+        if h0 is not None:
+            S = h0[n].transpose(-1, -2) if v_first else h0[n]
+        rows = []
+        for t in range(t0, t1):
+            S = S * g[b, t].exp()[:, None, None]
+            u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t]))
+            S = S + k[b, t][:, :, None] * u[:, None, :]
+            rows.append(scale * torch.einsum("hkv,hk->hv", S, q[b, t]))
+        pieces.append(torch.stack(rows) if rows else q.new_zeros(0, HV, V))
+        hts.append(S.transpose(-1, -2) if v_first else S)
+    o = torch.cat(pieces)[None] if cu_seqlens is not None else torch.stack(pieces)
+    return o, torch.stack(hts)
+
+
+def causal_conv1d(x, weight, bias=None, h0=None, cu_seqlens=None, silu=True):
+    """y [B,T,D], ht [N,D,W]: the last W raw inputs of each sequence, newest last."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    spans = [(b, 0, T) for b in range(B)] if cu_seqlens is None else \
+        [(0, int(cu_seqlens[n]), int(cu_seqlens[n + 1])) for n in range(len(cu_seqlens) - 1)]
+    ys, hts = [], []
+    for n, (b, t0, t1) in enumerate(spans):
+        past = h0[n].transpose(0, 1) if h0 is not None else torch.zeros(W, D, dtype=x.dtype, device=x.device)
+        xs = torch.cat([past, x[b, t0:t1]], 0)            # [W + L, D]
+        L = t1 - t0
+        y = sum(weight[:, w] * xs[1 + w:1 + w + L] for w in range(W))
+        if bias is not None:
+            y = y + bias
+        if silu:
+            y = F.silu(y)
+        ys.append(y if L else x.new_zeros(0, D))
+        hts.append(xs[-W:].transpose(0, 1))
+    return (torch.cat(ys)[None] if cu_seqlens is not None else torch.stack(ys)), torch.stack(hts)
+
+
+def rms_norm_gated(x, z, weight, eps=1e-6, activation="swish"):
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+    return y * (F.silu(z) if activation in ("swish", "silu") else z.sigmoid())
