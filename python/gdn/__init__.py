@@ -20,11 +20,12 @@ __version__ = "0.1.0"
 
 __all__ = ["capi", "GdnError", "GdnArgumentError", "Unsupported", "chunk_gated_delta_rule", "chunk_gdn",
            "fused_recurrent_gated_delta_rule", "fused_recurrent_gdn", "causal_conv1d", "rms_norm_gated",
-           "decode_step", "GatedDeltaNet"]
+           "decode_step", "GatedDeltaNet", "GatedDeltaNetCache"]
 
 
 def __getattr__(name):   # the layer imports torch: only when asked for
-    if name in ("GatedDeltaNet", "layer"):
-        from . import layer
-        return layer if name == "layer" else layer.GatedDeltaNet
+    if name in ("GatedDeltaNet", "GatedDeltaNetCache", "layer"):
+        import importlib
+        layer = importlib.import_module(__name__ + ".layer")
+        return layer if name == "layer" else getattr(layer, name)
     raise AttributeError(f"module 'gdn' has no attribute {name!r}")

@@ -79,3 +79,33 @@ def causal_conv1d(x, weight, bias=None, h0=None, cu_seqlens=None, silu=True):
 def rms_norm_gated(x, z, weight, eps=1e-6, activation="swish"):
     y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
     return y * (F.silu(z) if activation in ("swish", "silu") else z.sigmoid())
+
+
+def qwen3next_layer(layer, x, cache=None, attention_mask=None, params=None):
+    """The Qwen3-Next gated-delta-net layer's math on a module's parameters (float64, token by
+    token): transformers' torch path written with the functions above. cache: dict with 'conv'
+    [B, D, W] and 'rec' [B, HV, K, V], updated. params: float64 tensors by state_dict name, to
+    differentiate; default the layer's own, detached."""
+    p = params if params is not None else {n: t.detach().double() for n, t in layer.state_dict().items()}
+    x = x.double()
+    if attention_mask is not None:
+        x = x * attention_mask[:, :, None].double()
+    B, T = x.shape[:2]
+    H, HV, K, V = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+    G = HV // H
+    qkvz = (x @ p["in_proj_qkvz.weight"].T).view(B, T, H, 2 * K + 2 * G * V)
+    ba = (x @ p["in_proj_ba.weight"].T).view(B, T, H, 2 * G)
+    q, k, v, z = torch.split(qkvz, [K, K, G * V, G * V], dim=3)
+    b, a = torch.split(ba, [G, G], dim=3)
+    mixed = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], -1)
+    conv0 = cache.get("conv") if cache is not None else None
+    rec0 = cache.get("rec") if cache is not None else None
+    y, conv_t = causal_conv1d(mixed, p["conv1d.weight"].squeeze(1), None, conv0, silu=True)
+    q, k, v = torch.split(y, [H * K, H * K, HV * V], -1)
+    o, rec_t = gated_delta_rule(q.reshape(B, T, H, K), k.reshape(B, T, H, K), v.reshape(B, T, HV, V),
+                                a.reshape(B, T, HV), b.reshape(B, T, HV), h0=rec0, qk_l2norm=True, gate_fused=True,
+                                A_log=p["A_log"], dt_bias=p["dt_bias"], beta_sigmoid=True)
+    if cache is not None:
+        cache["conv"], cache["rec"] = conv_t, rec_t
+    o = rms_norm_gated(o, z.reshape(B, T, HV, V), p["norm.weight"], layer.eps)
+    return o.reshape(B, T, HV * V) @ p["out_proj.weight"].T

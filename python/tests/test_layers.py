@@ -1,0 +1,141 @@
+"""The layer pieces (causal conv1d, gated RMSNorm, the decode step) and
+gdn.GatedDeltaNet against the float64 references, torch.compile tracing
+them without a graph break, and numpy inputs."""
+import numpy as np
+import pytest
+import torch
+
+import gdn
+import reference as ref
+from conftest import DEVICES, close
+
+F32_FWD, F32_GRAD = 1e-5, 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("varlen", [False, True])
+def test_conv1d(gen, device, varlen):
+    B, T, D, W = (1, 50, 24, 4) if varlen else (2, 33, 24, 4)
+    cu = torch.tensor([0, 7, 7, 50]) if varlen else None
+    N = 3 if varlen else B
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)   # noqa: E731
+    x, w, bias, h0 = r(B, T, D), 0.5 * r(D, W), 0.1 * r(D), r(N, D, W)
+    leaf = [t.clone().requires_grad_() for t in (x, w, bias, h0)]
+    y_ref, ht_ref = ref.causal_conv1d(*leaf, cu_seqlens=cu, silu=True)
+    dy, dht = r(*y_ref.shape), r(*ht_ref.shape)
+    ((y_ref * dy).sum() + (ht_ref * dht).sum()).backward()
+    dev = [t.float().to(device).requires_grad_() for t in (x, w, bias, h0)]
+    y, ht = gdn.causal_conv1d(dev[0], dev[1], dev[2], initial_state=dev[3], output_final_state=True,
+                              activation="silu", cu_seqlens=cu.to(device) if cu is not None else None)
+    close("y", y, y_ref, F32_FWD)
+    close("final_state", ht, ht_ref, F32_FWD)
+    ((y.double() * dy.to(device)).sum() + (ht.double() * dht.to(device)).sum()).backward()
+    for n, a, b in zip(("dx", "dweight", "dbias", "dh0"), dev, leaf):
+        close(n, a.grad, b.grad, F32_GRAD)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["swish", "sigmoid"])
+def test_rms_norm_gated(gen, device, activation):
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)   # noqa: E731
+    x, z, w = r(3, 5, 4, 32), r(3, 5, 4, 32), 1 + 0.1 * r(32)
+    leaf = [t.clone().requires_grad_() for t in (x, z, w)]
+    y_ref = ref.rms_norm_gated(*leaf, activation=activation)
+    dy = r(*y_ref.shape)
+    (y_ref * dy).sum().backward()
+    dev = [t.float().to(device).requires_grad_() for t in (x, z, w)]
+    y = gdn.rms_norm_gated(dev[0], dev[1], dev[2], activation=activation)
+    close("y", y, y_ref, F32_FWD)
+    (y.double() * dy.to(device)).sum().backward()
+    for n, a, b in zip(("dx", "dz", "dweight"), dev, leaf):
+        close(n, a.grad, b.grad, F32_GRAD)
+
+
+def small_layer(gen, device, dtype=torch.float32):
+    torch.manual_seed(gen.initial_seed() % (2 ** 31))
+    layer = gdn.GatedDeltaNet(hidden_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
+                              conv_kernel_size=4)
+    with torch.no_grad():
+        for p in layer.parameters():
+            if p.dim() > 1:
+                p.mul_(2.0)
+        layer.norm.weight.add_(0.1 * torch.randn(8, generator=gen))
+    return layer.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_prefill_and_decode(gen, device):
+    layer = small_layer(gen, device)
+    B, T = 2, 40
+    x = torch.randn(B, T + 8, 48, generator=gen).to(device)
+    cache, rcache = gdn.GatedDeltaNetCache(), {}
+    with torch.no_grad():
+        y = layer(x[:, :T], cache=cache)
+        close("prefill", y, ref.qwen3next_layer(layer, x[:, :T].cpu(), rcache), F32_FWD)
+        for t in range(T, T + 8):   # token by token: the fused decode step
+            y = layer(x[:, t:t + 1], cache=cache)
+            close(f"decode token {t}", y, ref.qwen3next_layer(layer, x[:, t:t + 1].cpu(), rcache), F32_FWD)
+        close("recurrent state", cache.recurrent[0], rcache["rec"], F32_FWD)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_attention_mask_and_varlen(gen, device):
+    layer = small_layer(gen, device)
+    x = torch.randn(2, 30, 48, generator=gen).to(device)
+    mask = torch.ones(2, 30, device=device)
+    mask[1, :9] = 0   # left padding
+    with torch.no_grad():
+        close("masked", layer(x, attention_mask=mask), ref.qwen3next_layer(layer, x.cpu(), None, mask.cpu()),
+              F32_FWD)
+        packed = torch.cat([x[0], x[1, 9:]])[None]
+        cu = torch.tensor([0, 30, 51], device=device)
+        y = layer(packed, cu_seqlens=cu)
+        close("varlen seq 0", y[:, :30], ref.qwen3next_layer(layer, x[:1].cpu()), F32_FWD)
+        close("varlen seq 1", y[:, 30:], ref.qwen3next_layer(layer, x[1:, 9:].cpu()), F32_FWD)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_trains(gen, device):
+    """Gradients of every parameter against the float64 layer's."""
+    layer = small_layer(gen, device)
+    x = torch.randn(2, 20, 48, generator=gen)
+    y = layer(x.to(device))
+    dy = torch.randn(y.shape, generator=gen)
+    (y * dy.to(device)).sum().backward()
+    params = {n: p.detach().double().cpu().requires_grad_() for n, p in layer.named_parameters()}
+    ref_out = ref.qwen3next_layer(layer, x.double(), params=params)
+    (ref_out * dy.double()).sum().backward()
+    for n, p in layer.named_parameters():
+        close(f"grad {n}", p.grad, params[n].grad, F32_GRAD)
+
+
+def test_compile_fullgraph(gen):
+    """torch.compile(fullgraph=True) traces the layer, forward and backward, with no graph break."""
+    layer = small_layer(gen, "cpu")
+    x = torch.randn(1, 24, 48, generator=gen)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    y.sum().backward()
+    close("compiled layer", y, layer(x), 1e-6)
+    assert all(p.grad is not None for p in layer.parameters())
+
+
+def test_decode_step_numpy(gen):
+    """The decode step on numpy arrays: two tokens equal the recurrence."""
+    B, H, HV, K, V = 3, 1, 2, 8, 8
+    D = 2 * H * K + HV * V
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)   # noqa: E731
+    xs, a, b = r(2, B, D), r(2, B, HV), r(2, B, HV)
+    A_log, dt_bias, s0 = r(HV).abs().log1p(), 0.3 * r(HV), r(B, HV, K, V)
+    state = s0.float().numpy().copy()
+    outs = [gdn.decode_step(xs[t].float().numpy(), a[t].float().numpy(), b[t].float().numpy(),
+                            A_log.float().numpy(), dt_bias.float().numpy(), state, H, K) for t in range(2)]
+    q, k, v = torch.split(xs.transpose(0, 1), [H * K, H * K, HV * V], -1)
+    o_ref, ht_ref = ref.gated_delta_rule(q.reshape(B, 2, H, K), k.reshape(B, 2, H, K), v.reshape(B, 2, HV, V),
+                                         a.transpose(0, 1), b.transpose(0, 1), h0=s0, qk_l2norm=True, gate_fused=True,
+                                         A_log=A_log, dt_bias=dt_bias, beta_sigmoid=True)
+    close("o", torch.from_numpy(np.stack(outs, 1)), o_ref, F32_FWD)
+    close("state", torch.from_numpy(state), ht_ref, F32_FWD)
+    with pytest.raises(gdn.GdnArgumentError, match="state is updated in place"):
+        gdn.decode_step(xs[0].float().numpy(), a[0].float().numpy(), b[0].float().numpy(), A_log.float().numpy(),
+                        None, np.asfortranarray(state), H, K)
