@@ -212,7 +212,7 @@ def decode_step(mixed_qkv, a, b, A_log, dt_bias, state, num_heads, head_k_dim, s
     flags = ((capi.QK_L2NORM if use_qk_l2norm_in_kernel else 0) | (capi.BETA_NEGATIVE if allow_neg_eigval else 0)
              | (capi.STATE_V_FIRST if state_v_first else 0))
     A_log, dt_bias, cw, cb = _f32(A_log), _f32(dt_bias), _f32(conv_weight), _f32(conv_bias)
-    if is_torch(mixed_qkv):
+    if is_torch(mixed_qkv) and torch.compiler.is_compiling():   # eager: no dispatch needed (no autograd)
         return _ops.decode_step(mixed_qkv, a, b, A_log, dt_bias, state, int(num_heads), int(head_k_dim), slots,
                                 float(scale or 0.0), flags, conv_state, cw, cb)
     return _core.decode_step(mixed_qkv, a, b, A_log, dt_bias, state, int(num_heads), int(head_k_dim), slots,

@@ -86,7 +86,7 @@ def qwen3next_layer(layer, x, cache=None, attention_mask=None, params=None):
     token): transformers' torch path written with the functions above. cache: dict with 'conv'
     [B, D, W] and 'rec' [B, HV, K, V], updated. params: float64 tensors by state_dict name, to
     differentiate; default the layer's own, detached."""
-    p = params if params is not None else {n: t.detach().double() for n, t in layer.state_dict().items()}
+    p = params if params is not None else {n: t.detach().double().cpu() for n, t in layer.state_dict().items()}
     x = x.double()
     if attention_mask is not None:
         x = x * attention_mask[:, :, None].double()

@@ -7,7 +7,7 @@ import torch
 
 import gdn
 import reference as ref
-from conftest import DEVICES, close
+from conftest import DEVICES, close, rel_err
 
 F32_FWD, F32_GRAD = 1e-5, 1e-4
 
@@ -139,3 +139,61 @@ def test_decode_step_numpy(gen):
     with pytest.raises(gdn.GdnArgumentError, match="state is updated in place"):
         gdn.decode_step(xs[0].float().numpy(), a[0].float().numpy(), b[0].float().numpy(), A_log.float().numpy(),
                         None, np.asfortranarray(state), H, K)
+
+
+def test_transformers_equivalence(gen):
+    """gdn.GatedDeltaNet with the state_dict of transformers' Qwen3NextGatedDeltaNet: the same
+    outputs on prefill, and on 32 decode tokens (against transformers' prefill over the same
+    tokens, the causal equivalent of its cached steps). Runs where transformers is installed."""
+    tq = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    from transformers import Qwen3NextConfig
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = Qwen3NextConfig(hidden_size=512, linear_num_key_heads=4, linear_num_value_heads=8,
+                          linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                          num_hidden_layers=1, layer_types=["linear_attention"])
+    torch.manual_seed(gen.initial_seed() % (2 ** 31))
+    hf = tq.Qwen3NextGatedDeltaNet(cfg, 0).to(device)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ours = gdn.GatedDeltaNet.from_config(cfg, 0).to(device)
+    ours.load_state_dict(hf.state_dict())
+    T, steps = 200, 32
+    x = torch.randn(2, T + steps, cfg.hidden_size, generator=gen).to(device)
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False   # its conv1d: full fp32
+    try:
+        with torch.no_grad():
+            y_hf = hf(x)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+    with torch.no_grad():
+        cache = gdn.GatedDeltaNetCache()
+        y_pre = ours(x[:, :T], cache=cache)
+        e_pre = rel_err(y_pre, y_hf[:, :T])
+        e_hf = rel_err(y_hf[:, :T].cpu(), ref.qwen3next_layer(ours, x[:, :T].cpu()))
+        e_ours = rel_err(y_pre.cpu(), ref.qwen3next_layer(ours, x[:, :T].cpu()))
+        y_dec = torch.cat([ours(x[:, t:t + 1], cache=cache) for t in range(T, T + steps)], 1)
+        e_dec = rel_err(y_dec, y_hf[:, T:])
+    print(f"\ntransformers {tq.__name__}: prefill T={T} gdn vs transformers {e_pre:.2e} (against float64: gdn "
+          f"{e_ours:.2e}, transformers {e_hf:.2e}), {steps} decode steps vs transformers {e_dec:.2e}")
+    assert e_pre <= 1e-4 and e_dec <= 1e-4, (e_pre, e_dec)
+
+
+def test_compile_decode_step(gen):
+    """The decode step (a custom op that updates its states in place) under torch.compile(fullgraph=True)."""
+    B, H, HV, K, V, W = 2, 1, 2, 8, 8, 4
+    D = 2 * H * K + HV * V
+    proj, a, b = torch.randn(B, D, generator=gen), torch.randn(B, HV, generator=gen), torch.randn(B, HV, generator=gen)
+    A_log, w = torch.rand(HV, generator=gen), 0.3 * torch.randn(D, W, generator=gen)
+    states = [(torch.zeros(B, HV, K, V), torch.zeros(B, D, W)) for _ in range(2)]
+
+    def step(s, c):
+        return gdn.decode_step(proj, a, b, A_log, None, s, H, K, conv_state=c, conv_weight=w)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for _ in range(3):
+        o_eager, o_comp = step(*states[0]), compiled(*states[1])
+    close("o", o_comp, o_eager, 0)
+    close("state", states[1][0], states[0][0], 0)
+    close("conv_state", states[1][1], states[0][1], 0)

@@ -7,7 +7,7 @@ import torch
 
 import gdn
 import reference as ref
-from conftest import DEVICES, SEED, close, terms_err
+from conftest import DEVICES, SEED, close, rel_err, terms_err
 
 F32_FWD, F32_GRAD = 1e-5, 1e-4
 LOW_FWD, LOW_GRAD = 5e-3, 1e-2
@@ -167,3 +167,34 @@ def test_bad_arguments_name_them():
     big = torch.randn(1, 2, 1, 300)   # K = 300: the C library refuses, with its own message
     with pytest.raises(gdn.GdnError, match="K"):
         gdn.chunk_gated_delta_rule(big, big, torch.randn(1, 2, 1, 4), torch.zeros(1, 2, 1), torch.ones(1, 2, 1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fla_side_by_side(gen):
+    """gdn and FLA's chunk_gated_delta_rule on the same bf16 inputs, both against the float64 reference."""
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    B, T, H, HV, K, V = 2, 300, 2, 4, 64, 64
+    x = inputs(gen, B, T, H, HV, K, V, False, False)
+    leaf = {n: t.clone().requires_grad_() for n, t in x.items()}
+    o_ref, ht_ref = ref.gated_delta_rule(leaf["q"], leaf["k"], leaf["v"], leaf["g"], leaf["beta"], h0=leaf["h0"],
+                                         qk_l2norm=True)
+    do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
+    (o_ref * do).sum().backward()
+    errs = {}
+    for name, fn in (("gdn", gdn.chunk_gated_delta_rule), ("fla", fla.chunk_gated_delta_rule)):
+        t = {n: v.to("cuda", torch.bfloat16 if n in ("q", "k", "v") else torch.float32).requires_grad_()
+             for n, v in x.items()}
+        o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["h0"], output_final_state=True,
+                   use_qk_l2norm_in_kernel=True)
+        errs[name] = {"o": rel_err(o, o_ref), "ht": rel_err(ht, ht_ref)}
+        try:
+            (o.double() * do.cuda()).sum().backward()
+        except RuntimeError as e:   # FLA refuses its gated backward on some Triton versions (its #640)
+            print(f"\n{name} backward: {str(e)[:100]}")
+            continue
+        errs[name].update({f"d{n}": rel_err(t[n].grad, leaf[n].grad) for n in ("q", "k", "v", "g", "beta", "h0")})
+    print("\nrelative error against float64, bf16 inputs:")
+    for what in errs["gdn"]:
+        print(f"  {what:5s} gdn {errs['gdn'][what]:.2e}  fla {errs['fla'].get(what, float('nan')):.2e}")
+    for what, e in errs["gdn"].items():
+        assert e <= (LOW_FWD if what in ("o", "ht") else LOW_GRAD), f"gdn {what}: {e:.3e} (GDN_TEST_SEED={SEED})"
