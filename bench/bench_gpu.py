@@ -47,7 +47,7 @@ Run on a machine with an H100/H200, torch and FLA (at ./.fla here):
 --only=qwen3next, --only=chunk_fwd+bwd); --json prints one JSON document
 instead of the table. The first run on a fresh machine spends minutes in
 Triton's compile and autotune (outside the timed runs). libgdn.so is found
-through $GDN_LIB or ./build-gpu/libgdn.so (python/gdn.py).
+through $GDN_LIB or ./build-gpu/libgdn.so (gdn.capi).
 """
 import argparse
 import importlib

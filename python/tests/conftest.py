@@ -16,7 +16,8 @@ SEED = int(os.environ.get("GDN_TEST_SEED") or random.SystemRandom().randrange(1,
 
 
 def pytest_report_header(config):
-    return f"gdn python tests: GDN_TEST_SEED={SEED}"
+    import gdn
+    return f"gdn python tests: GDN_TEST_SEED={SEED}; gdn from {gdn.__file__}, libgdn {gdn.capi.lib._name}"
 
 
 @pytest.fixture

@@ -1,14 +1,15 @@
-"""Every python block of docs/python.md runs as it is."""
+"""Every python block of docs/python.md and of the README runs as it is."""
 import os
 import re
 
 import pytest
 
-DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "docs", "python.md")
-BLOCKS = re.findall(r"```python\n(.*?)```", open(DOC).read(), re.S) if os.path.exists(DOC) else []
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+BLOCKS = [b for doc in ("docs/python.md", "README.md") if os.path.exists(os.path.join(ROOT, doc))
+          for b in re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, doc)).read(), re.S)]
 
 
-@pytest.mark.skipif(not BLOCKS, reason="docs/python.md is not beside the tests")
+@pytest.mark.skipif(not BLOCKS, reason="the docs are not beside the tests")
 @pytest.mark.parametrize("i", range(len(BLOCKS)))
 def test_example_runs(i):
-    exec(compile(BLOCKS[i], f"docs/python.md block {i}", "exec"), {})
+    exec(compile(BLOCKS[i], f"python block {i} of the docs", "exec"), {})

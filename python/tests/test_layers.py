@@ -144,7 +144,8 @@ def test_decode_step_numpy(gen):
 def test_transformers_equivalence(gen):
     """gdn.GatedDeltaNet with the state_dict of transformers' Qwen3NextGatedDeltaNet: the same
     outputs on prefill, and on 32 decode tokens (against transformers' prefill over the same
-    tokens, the causal equivalent of its cached steps). Runs where transformers is installed."""
+    tokens, the causal equivalent of its cached steps), up to transformers' own distance from
+    the float64 layer. Runs where transformers is installed."""
     tq = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
     from transformers import Qwen3NextConfig
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,7 +178,10 @@ def test_transformers_equivalence(gen):
         e_dec = rel_err(y_dec, y_hf[:, T:])
     print(f"\ntransformers {tq.__name__}: prefill T={T} gdn vs transformers {e_pre:.2e} (against float64: gdn "
           f"{e_ours:.2e}, transformers {e_hf:.2e}), {steps} decode steps vs transformers {e_dec:.2e}")
-    assert e_pre <= 1e-4 and e_dec <= 1e-4, (e_pre, e_dec)
+    # gdn holds the float64 layer's output to the fp32 bound; the distance to transformers is
+    # transformers' own error (its fp32 torch path), which the float64 layer measures
+    assert e_ours <= 1e-5, f"gdn layer: {e_ours:.3e} from float64"
+    assert e_pre <= e_hf + 1e-5 and e_dec <= 2 * e_hf + 1e-5, (e_pre, e_dec, e_hf)
 
 
 def test_compile_decode_step(gen):
