@@ -19,7 +19,7 @@ recurrence in one call on the cache's states in place.
 import torch
 from torch import nn
 
-from . import api
+from . import api, torch_ref
 
 
 class GatedDeltaNetCache:
@@ -35,8 +35,11 @@ class GatedDeltaNetCache:
 
 class GatedDeltaNet(nn.Module):
     def __init__(self, hidden_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size=4,
-                 rms_norm_eps=1e-6, layer_idx=0, hidden_act="silu"):
+                 rms_norm_eps=1e-6, layer_idx=0, hidden_act="silu", kernel="gdn"):
         super().__init__()
+        if kernel not in ("gdn", "torch"):
+            raise ValueError(f"kernel {kernel!r}: 'gdn' (the library) or 'torch' (gdn.torch_ref, for comparison)")
+        self.kernel = kernel
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
         if hidden_act not in ("silu", "swish"):
@@ -84,7 +87,9 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self._split(hidden_states)
         weight = self.conv1d.weight.squeeze(1)
         idx = self.layer_idx
-        if cache is not None and T == 1 and cache.has(idx) and cu_seqlens is None:
+        if self.kernel == "torch":
+            o = self._torch_path(mixed, a, b, weight, cache, cu_seqlens)
+        elif cache is not None and T == 1 and cache.has(idx) and cu_seqlens is None:
             o = api.decode_step(mixed[:, 0].contiguous(), a[:, 0].contiguous(), b[:, 0].contiguous(), self.A_log,
                                 self.dt_bias, cache.recurrent[idx], self.num_k_heads, self.head_k_dim,
                                 conv_state=cache.conv[idx], conv_weight=weight)
@@ -104,8 +109,29 @@ class GatedDeltaNet(nn.Module):
                                                   use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias)
             if cache is not None:
                 cache.conv[idx], cache.recurrent[idx] = conv_t, rec_t
-        y = api.rms_norm_gated(o, z, self.norm.weight, activation="silu", eps=self.eps)
+        if self.kernel == "torch":
+            y = torch_ref.rms_norm_gated(o, z, self.norm.weight, self.eps)
+        else:
+            y = api.rms_norm_gated(o, z, self.norm.weight, activation="silu", eps=self.eps)
         return self.out_proj(y.reshape(B, T, self.value_dim))
+
+    def _torch_path(self, mixed, a, b, weight, cache, cu_seqlens):
+        """The same layer on gdn.torch_ref (plain torch ops), prefill or cached tokens alike."""
+        if cu_seqlens is not None:
+            raise ValueError("kernel='torch' takes no cu_seqlens")
+        B, T = mixed.shape[:2]
+        idx = self.layer_idx
+        conv0 = cache.conv.get(idx) if cache is not None else None
+        rec0 = cache.recurrent.get(idx) if cache is not None else None
+        x, conv_t = torch_ref.causal_conv1d(mixed, weight, conv0, cache is not None)
+        q, k, v = torch.split(x, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        o, rec_t = torch_ref.gated_delta_rule(q.reshape(B, T, self.num_k_heads, self.head_k_dim),
+                                              k.reshape(B, T, self.num_k_heads, self.head_k_dim),
+                                              v.reshape(B, T, self.num_v_heads, self.head_v_dim), a, b, self.A_log,
+                                              self.dt_bias, rec0, cache is not None)
+        if cache is not None:
+            cache.conv[idx], cache.recurrent[idx] = conv_t, rec_t
+        return o
 
 
 class _NormWeight(nn.Module):

@@ -201,3 +201,22 @@ def test_compile_decode_step(gen):
     close("o", o_comp, o_eager, 0)
     close("state", states[1][0], states[0][0], 0)
     close("conv_state", states[1][1], states[0][1], 0)
+
+
+def test_layer_torch_kernel_matches(gen):
+    """kernel='torch' (gdn.torch_ref) is the same layer: prefill, cached decode and gradients."""
+    layer = small_layer(gen, "cpu")
+    twin = gdn.GatedDeltaNet(hidden_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
+                             kernel="torch")
+    twin.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 30, 48, generator=gen)
+    y, y2 = layer(x), twin(x)
+    close("prefill", y2, y, F32_FWD)
+    (y.sum() + y2.sum()).backward()
+    for (n, p), p2 in zip(layer.named_parameters(), twin.parameters()):
+        close(f"grad {n}", p2.grad, p.grad, F32_GRAD)
+    c, c2 = gdn.GatedDeltaNetCache(), gdn.GatedDeltaNetCache()
+    with torch.no_grad():
+        layer(x[:, :20], cache=c), twin(x[:, :20], cache=c2)
+        for t in range(20, 24):
+            close(f"token {t}", twin(x[:, t:t + 1], cache=c2), layer(x[:, t:t + 1], cache=c), F32_FWD)
