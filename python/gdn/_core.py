@@ -302,29 +302,6 @@ def check_inplace(ctx, x, name, shape, code):
     return y
 
 
-def conv1d_update(x, weight, bias, state, slots=None, silu=True):
-    """One token per row of x [B, D]: state [num_slots, D, W] f32 shifts in place; returns y [B, D]."""
-    ctx = Ctx(x, "x")
-    if getattr(x, "ndim", 0) != 2:
-        raise GdnArgumentError(f"x: shape {tuple(x.shape)}, expected [B, D]")
-    B, D = x.shape
-    if getattr(weight, "ndim", 0) != 2 or weight.shape[0] != D:
-        raise GdnArgumentError(f"weight: shape {tuple(getattr(weight, 'shape', ()))}, expected [D, W] = [{D}, W]")
-    W = weight.shape[1]
-    code = dtype_code(x, "x")
-    x = ctx.arg(x, "x", code=code)
-    weight = ctx.arg(weight, "weight", (D, W), capi.F32)
-    bias = ctx.arg(bias, "bias", (D,), capi.F32, optional=True)
-    if getattr(state, "ndim", 0) != 3:
-        raise GdnArgumentError(f"conv_state: shape {tuple(getattr(state, 'shape', ()))}, expected [num_slots, D, W]")
-    state = check_inplace(ctx, state, "conv_state", (state.shape[0], D, W), capi.F32)
-    sl = _slots(ctx, slots, B)
-    cfg = capi.Conv1dConfig(B=B, T=1, D=D, W=W, dtype=code, silu=int(bool(silu)))
-    y = ctx.empty((B, D), code)
-    capi.conv1d_update(ctx.ex, cfg, ptr(x), ptr(weight), ptr(bias), ptr(state), state.shape[0], ptr(sl), ptr(y))
-    return y
-
-
 def _slots(ctx, slots, B):
     if slots is None:
         return None
@@ -427,5 +404,5 @@ def decode_step(mixed_qkv, a, b, A_log, dt_bias, state, H, K, slots=None, scale=
     return o
 
 
-__all__ = ["GdnArgumentError", "chunk_fwd", "chunk_bwd", "conv1d_fwd", "conv1d_bwd", "conv1d_update",
+__all__ = ["GdnArgumentError", "chunk_fwd", "chunk_bwd", "conv1d_fwd", "conv1d_bwd",
            "rmsnorm_gated_fwd", "rmsnorm_gated_bwd", "decode_step"]
