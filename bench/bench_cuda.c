@@ -2,7 +2,8 @@
  * card's copy bandwidth measured in the same run (cudaMemcpy device to
  * device, bytes read + written), CUDA events, median after warm-up, the
  * state pools rotated so L2 (50 MiB) does not flatter. B = 1 is also timed
- * as a CUDA graph replay, the way a serving engine runs it. */
+ * as a CUDA graph replay, the way a serving engine runs it. The chunk rows
+ * give forward, then backward alone (after a forward that saved for it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,37 @@ int main(void) {
                 const double us = t[CREPS / 2] * 1e3;
                 printf("%-40s %10.1f %9.1f %9.1f\n", cs[ci].name, us, gdn_flops_chunk_fwd(&c) / (us * 1e-6) * 1e-12,
                        gdn_bytes_chunk_fwd(&c, 1, 1) / (us * 1e-6) * 1e-9);
+            }
+            if (ok) {   /* backward after the forward that saved for it (the forward is not in the time) */
+                const size_t nbws = gdn_chunk_bwd_workspace_size(&ex, &c);
+                void *dout, *dq, *dk, *dv, *dg, *db, *dh0, *dht, *dAl, *ddt, *bws;
+                CK(cudaMalloc(&dout, nv)); CK(cudaMalloc(&dq, nq)); CK(cudaMalloc(&dk, nq)); CK(cudaMalloc(&dv, nv));
+                CK(cudaMalloc(&dg, ng)); CK(cudaMalloc(&db, ng)); CK(cudaMalloc(&dh0, ns)); CK(cudaMalloc(&dht, ns));
+                CK(cudaMalloc(&dAl, 4 * c.HV)); CK(cudaMalloc(&ddt, 4 * c.HV)); CK(cudaMalloc(&bws, nbws + 4));
+                CK(cudaMemsetAsync(dout, 0x3c, nv, st)); CK(cudaMemsetAsync(dht, 0, ns, st));
+                gdn_bwd_args ba = {.q = q, .k = k, .v = v, .g = g, .beta = b, .A_log = A_log, .dt_bias = dtb, .h0 = h0,
+                                   .saved = saved, .saved_bytes = sv, .dout = dout, .dht = dht, .dq = dq, .dk = dk, .dv = dv,
+                                   .dg = dg, .dbeta = db, .dA_log = dAl, .ddt_bias = ddt, .dh0 = dh0, .workspace = bws,
+                                   .workspace_bytes = nbws};
+                enum { BREPS = 5 };
+                float tb[BREPS];
+                for (int r = -1; r < BREPS && ok; r++) {
+                    CK(cudaEventRecord(e0, st));
+                    if (gdn_chunk_bwd(&ex, &c, &ba) != GDN_OK) { printf("%-40s %s\n", cs[ci].name, gdn_last_error()); ok = 0; }
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    if (r >= 0) CK(cudaEventElapsedTime(&tb[r], e0, e1));
+                }
+                if (ok) {
+                    qsort(tb, BREPS, sizeof *tb, cmp_f);
+                    const double us = tb[BREPS / 2] * 1e3;
+                    char nm[64];
+                    snprintf(nm, sizeof nm, "%s backward (ws %.2f GiB)", cs[ci].name, nbws / 1073741824.0);
+                    printf("%-40s %10.1f %9.1f %9.1f\n", nm, us, gdn_flops_chunk_bwd(&c) / (us * 1e-6) * 1e-12,
+                           gdn_bytes_chunk_bwd(&c, 1, 1, 1) / (us * 1e-6) * 1e-9);
+                }
+                void *fb[] = {dout, dq, dk, dv, dg, db, dh0, dht, dAl, ddt, bws};
+                for (size_t i = 0; i < sizeof fb / sizeof *fb; i++) CK(cudaFree(fb[i]));
             }
             void *fr[] = {q, k, v, o, g, b, h0, ht, A_log, dtb, saved, ws, dcu};
             for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) CK(cudaFree(fr[i]));

@@ -26,15 +26,25 @@
  * runs give the same bits. All scratch is the caller's workspace; nothing is
  * allocated and nothing waits for the host. */
 #include <cuda_runtime.h>
+#ifdef GDN_BWD_PROFILE
+#include <cstdio>
+#endif
 #include "cuda/common.cuh"
 #include "cuda/cuda_backend.h"
+#include "cuda/mma_tf32.cuh"
 
 namespace {
 
 constexpr int CC = 64;    /* chunk length              */
 constexpr int NT = 256;   /* threads of every kernel    */
 constexpr int VT = 64;    /* columns of V per sweep block */
-constexpr int RS = 65;    /* padded row stride of 64 x 64 shared arrays */
+constexpr int RS = 65;    /* padded row stride of the substitution's 64 x 64 arrays */
+constexpr int R4 = 68;    /* row strides of 64-column shared arrays read by the tensor cores: */
+constexpr int R8 = 72;    /* along rows (4 mod 32), across rows (8 mod 32); mma_tf32.cuh */
+
+/* K rounded up to 8 (the products' k step), and a row stride >= it that is 4 mod 32 */
+__host__ __device__ __forceinline__ int k8(int K) { return (K + 7) & ~7; }
+__host__ __device__ __forceinline__ int ld4(int n) { return n + (36 - n % 32) % 32; }
 
 /* record per (slot, j), in floats: gcd (64 doubles), gam, beta, g, Tm, P */
 constexpr int R_GCD = 0, R_GAM = 128, R_BETA = 192, R_G = 256, R_TM = 320, R_P = 320 + CC * CC, REC = 320 + 2 * CC * CC;
@@ -114,19 +124,20 @@ __device__ void load_qk(const BwdArgs &p, const void *x, const float *rstd, int6
 /* ---- prep: one block per (slot, j). Mirrors gdn_chunk_prepare (chunk_fwd.c):
  * gate and beta as cpu/load.c, gc in double, A_ts = beta_t E_ts KK_ts,
  * Tm by forward substitution, P_ts = (scale q_t.k_s) E_ts ---- */
+template <bool SPLIT>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int64_t slot = blockIdx.x;
-    const int j = blockIdx.y, h = j / p.G, K = p.K, tid = threadIdx.x;
+    const int j = blockIdx.y, h = j / p.G, K = p.K, tid = threadIdx.x, lk = ld4(k8(K));
     const int c = p.slot_c[slot];
     if (c == 0) return;
     const int64_t row0 = p.slot_row0[slot];
-    float *Qs = sm, *Ks = Qs + CC * K, *As = Ks + CC * K, *Ts = As + CC * RS;
+    float *Qs = sm, *Ks = Qs + CC * lk, *As = Ks + CC * lk, *Ts = As + CC * RS;
     double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC;
     float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
-    load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, K);
-    load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, K);
+    load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, lk);
+    load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
     if (tid < CC) {   /* cpu/load.c gdn_cpu_load_gate, gdn_cpu_load_beta; zero past c */
         float g = 0.f, b = 0.f;
         if (tid < c) {
@@ -157,22 +168,13 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         rec[R_G + tid] = gs[tid];
     }
     /* A (strictly lower) into As, P into the record */
-    for (int e = tid; e < CC * CC; e += NT) {
-        const int t = e / CC, s = e % CC;
-        float a = 0.f, pv = 0.f;
-        if (s <= t && t < c) {
-            float kk = 0.f, qk = 0.f;
-            for (int i = 0; i < K; i++) {
-                kk = fmaf(Ks[t * K + i], Ks[s * K + i], kk);
-                qk = fmaf(Qs[t * K + i], Ks[s * K + i], qk);
-            }
-            const float E = Ef(gcd, t, s);
-            if (s < t) a = bs[t] * E * kk;
-            pv = (p.scale * qk) * E;
-        }
-        As[t * RS + s] = a;
-        rec[R_P + e] = pv;
-    }
+    const auto kt = [&](int i, int s) { return Ks[s * lk + i]; };
+    gdn::block_mm<SPLIT>(CC, CC, K, [&](int t, int i) { return Ks[t * lk + i]; }, kt, [&](int t, int s, float kk) {
+        As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * kk : 0.f;
+    });
+    gdn::block_mm<SPLIT>(CC, CC, K, [&](int t, int i) { return Qs[t * lk + i]; }, kt, [&](int t, int s, float qk) {
+        rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * qk) * Ef(gcd, t, s) : 0.f;
+    });
     __syncthreads();
     /* Tm_t = e_t - sum_{s<t} A_ts Tm_s, row by row; thread `col` owns column col */
     for (int t = 0; t < CC; t++) {
@@ -195,18 +197,19 @@ __device__ __forceinline__ int64_t state_at(const BwdArgs &p, int64_t n, int j, 
 /* ---- fwd_sweep: one block per (n, j, VT columns). Per chunk (chunk_fwd.c
  * gdn_chunk_u, gdn_chunk_state_step):
  *   states[slot] = S;  X = Bv - Bk S;  U = Tm X;  S = exp(gc_last) S + Kd^T U ---- */
+template <bool SPLIT>
 __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
-    const int K = p.K, V = p.V, tid = threadIdx.x;
+    const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
     const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
     const int64_t n = blockIdx.x / (p.nvt * p.HV);
     const int v0 = vb * VT;
-    float *S = sm, *Ks = S + K * VT, *Tm = Ks + CC * K, *X = Tm + CC * RS, *U = X + CC * VT;
-    double *gcd = reinterpret_cast<double *>(U + CC * VT);
+    float *S = sm, *Ks = S + Kp * R8, *Tm = Ks + CC * lk, *X = Tm + CC * R4, *U = X + CC * R8;
+    double *gcd = reinterpret_cast<double *>(U + CC * R8);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC;
-    for (int e = tid; e < K * VT; e += NT) {
-        const int i = e / VT, v = v0 + e % VT;
-        S[e] = (p.h0 && v < V) ? p.h0[state_at(p, n, j, i, v)] : 0.f;
+    for (int e = tid; e < Kp * R8; e += NT) {
+        const int i = e / R8, v = v0 + e % R8;
+        S[e] = (p.h0 && i < K && e % R8 < VT && v < V) ? p.h0[state_at(p, n, j, i, v)] : 0.f;
     }
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
@@ -219,10 +222,10 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
         float *st = p.states + (slot * p.HV + j) * (int64_t)K * V;
         for (int e = tid; e < K * VT; e += NT) {
             const int i = e / VT, v = v0 + e % VT;
-            if (v < V) st[(int64_t)i * V + v] = S[e];
+            if (v < V) st[(int64_t)i * V + v] = S[i * R8 + e % VT];
         }
-        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, K);
-        for (int e = tid; e < CC * CC; e += NT) Tm[(e / CC) * RS + e % CC] = rec[R_TM + e];
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+        for (int e = tid; e < CC * CC; e += NT) Tm[(e / CC) * R4 + e % CC] = rec[R_TM + e];
         if (tid < CC) {
             gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
             gam[tid] = rec[R_GAM + tid];
@@ -231,34 +234,25 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_s) */
         /* X = Bv - Bk S, Bv = beta v, Bk = beta exp(gc) k */
-        for (int e = tid; e < CC * VT; e += NT) {
-            const int t = e / VT, v = v0 + e % VT;
-            float x = 0.f;
-            if (t < c && v < V) {
-                const float bk = bet[t] * gam[t];
-                float acc = 0.f;
-                for (int i = 0; i < K; i++) acc = fmaf(bk * Ks[t * K + i], S[i * VT + e % VT], acc);
-                x = bet[t] * gdn::ld(p.v, ((row0 + t) * p.HV + j) * (int64_t)V + v, p.dt) - acc;
-            }
-            X[e] = x;
-        }
+        gdn::block_mm<SPLIT>(CC, VT, K, [&](int t, int i) { return Ks[t * lk + i]; }, [&](int i, int v) { return S[i * R8 + v]; },
+                             [&](int t, int v, float acc) {
+                                 float x = 0.f;
+                                 if (t < c && v0 + v < V)
+                                     x = bet[t] * gdn::ld(p.v, ((row0 + t) * p.HV + j) * (int64_t)V + v0 + v, p.dt) -
+                                         (bet[t] * gam[t]) * acc;
+                                 X[t * R8 + v] = x;
+                             });
         __syncthreads();
         /* U = Tm X (Tm lower triangular) */
-        for (int e = tid; e < CC * VT; e += NT) {
-            const int t = e / VT, v = e % VT;
-            float acc = 0.f;
-            for (int s = 0; s <= t; s++) acc = fmaf(Tm[t * RS + s], X[s * VT + v], acc);
-            U[e] = acc;
-        }
+        gdn::block_mm<SPLIT>(
+            CC, VT, CC, [&](int t, int s) { return Tm[t * R4 + s]; }, [&](int s, int v) { return X[s * R8 + v]; },
+            [&](int t, int v, float acc) { U[t * R8 + v] = acc; }, [](int i0, int *, int *k1) { *k1 = i0 + 16; });
         __syncthreads();
         /* S = exp(gc_last) S + Kd^T U */
         const float gl = gam[c - 1];
-        for (int e = tid; e < K * VT; e += NT) {
-            const int i = e / VT, v = e % VT;
-            float acc = 0.f;
-            for (int s = 0; s < c; s++) acc = fmaf(ek[s] * Ks[s * K + i], U[s * VT + v], acc);
-            S[e] = gl * S[e] + acc;
-        }
+        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int s) { return ek[s] * Ks[s * lk + i]; },
+                             [&](int s, int v) { return U[s * R8 + v]; },
+                             [&](int i, int v, float acc) { S[i * R8 + v] = gl * S[i * R8 + v] + acc; });
     }
 }
 
@@ -268,19 +262,20 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
  *   dU = P^T dO + Kd dS;  Y = Tm^T dU (= dBv)
  *   dS = exp(gc_last) dS - Bk^T Y + (scale diag(exp gc) Q)^T dO
  * (Bk^T Y = Wk^T dU, Wk = Tm Bk). dh0 = dS after the first chunk. ---- */
+template <bool SPLIT>
 __global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
-    const int K = p.K, V = p.V, tid = threadIdx.x;
+    const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
     const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
     const int64_t n = blockIdx.x / (p.nvt * p.HV);
     const int v0 = vb * VT;
-    float *dS = sm, *Ks = dS + K * VT, *P = Ks + CC * K, *Tm = P + CC * RS, *dO = Tm + CC * RS, *dU = dO + CC * VT,
-          *Y = dU + CC * VT;
-    double *gcd = reinterpret_cast<double *>(Y + CC * VT);
+    float *dS = sm, *Ks = dS + Kp * R8, *P = Ks + CC * lk, *Tm = P + CC * R8, *dO = Tm + CC * R8, *dU = dO + CC * R8,
+          *Y = P;   /* P is read only before Y is written */
+    double *gcd = reinterpret_cast<double *>(dU + CC * R8);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC;
-    for (int e = tid; e < K * VT; e += NT) {
-        const int i = e / VT, v = v0 + e % VT;
-        dS[e] = (p.dht && v < V) ? p.dht[state_at(p, n, j, i, v)] : 0.f;
+    for (int e = tid; e < Kp * R8; e += NT) {
+        const int i = e / R8, v = v0 + e % R8;
+        dS[e] = (p.dht && i < K && e % R8 < VT && v < V) ? p.dht[state_at(p, n, j, i, v)] : 0.f;
     }
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
@@ -293,16 +288,16 @@ __global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
         float *st = p.dstates + (slot * p.HV + j) * (int64_t)K * V;
         for (int e = tid; e < K * VT; e += NT) {
             const int i = e / VT, v = v0 + e % VT;
-            if (v < V) st[(int64_t)i * V + v] = dS[e];
+            if (v < V) st[(int64_t)i * V + v] = dS[i * R8 + e % VT];
         }
-        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, K);
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
         for (int e = tid; e < CC * CC; e += NT) {
-            P[(e / CC) * RS + e % CC] = rec[R_P + e];
-            Tm[(e / CC) * RS + e % CC] = rec[R_TM + e];
+            P[(e / CC) * R8 + e % CC] = rec[R_P + e];
+            Tm[(e / CC) * R8 + e % CC] = rec[R_TM + e];
         }
         for (int e = tid; e < CC * VT; e += NT) {
             const int t = e / VT, v = v0 + e % VT;
-            dO[e] = (t < c && v < V) ? gdn::ld(p.dout, ((row0 + t) * p.HV + j) * (int64_t)V + v, p.dt) : 0.f;
+            dO[t * R8 + e % VT] = (t < c && v < V) ? gdn::ld(p.dout, ((row0 + t) * p.HV + j) * (int64_t)V + v, p.dt) : 0.f;
         }
         if (tid < CC) {
             gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
@@ -312,51 +307,36 @@ __global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;
         __syncthreads();
-        /* dU = P^T dO + Kd dS */
-        for (int e = tid; e < CC * VT; e += NT) {
-            const int t = e / VT, v = e % VT;
-            float acc = 0.f;
-            if (t < c) {
-                for (int s = t; s < c; s++) acc = fmaf(P[s * RS + t], dO[s * VT + v], acc);
-                float a2 = 0.f;
-                for (int i = 0; i < K; i++) a2 = fmaf(ek[t] * Ks[t * K + i], dS[i * VT + v], a2);
-                acc += a2;
-            }
-            dU[e] = acc;
-        }
+        /* dU = P^T dO + Kd dS, one product over k = (s, then i) */
+        gdn::block_mm<SPLIT>(
+            CC, VT, CC + Kp,
+            [&](int t, int k) { return k < CC ? P[k * R8 + t] : ek[t] * Ks[t * lk + k - CC]; },
+            [&](int k, int v) { return k < CC ? dO[k * R8 + v] : dS[(k - CC) * R8 + v]; },
+            [&](int t, int v, float acc) { dU[t * R8 + v] = acc; }, [](int i0, int *k0, int *) { *k0 = i0; });
         __syncthreads();
         /* Y = Tm^T dU */
-        for (int e = tid; e < CC * VT; e += NT) {
-            const int t = e / VT, v = e % VT;
-            float acc = 0.f;
-            for (int s = t; s < c; s++) acc = fmaf(Tm[s * RS + t], dU[s * VT + v], acc);
-            Y[e] = acc;
-        }
+        gdn::block_mm<SPLIT>(
+            CC, VT, CC, [&](int t, int s) { return Tm[s * R8 + t]; }, [&](int s, int v) { return dU[s * R8 + v]; },
+            [&](int t, int v, float acc) { Y[t * R8 + v] = acc; }, [](int i0, int *k0, int *) { *k0 = i0; });
         __syncthreads();
         /* dS = exp(gc_last) dS - Bk^T Y */
         const float gl = gam[c - 1];
-        for (int e = tid; e < K * VT; e += NT) {
-            const int i = e / VT, v = e % VT;
-            float acc = 0.f;
-            for (int t = 0; t < c; t++) acc = fmaf(bet[t] * gam[t] * Ks[t * K + i], Y[t * VT + v], acc);
-            dS[e] = gl * dS[e] - acc;
-        }
+        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (bet[t] * gam[t]) * Ks[t * lk + i]; },
+                             [&](int t, int v) { return Y[t * R8 + v]; },
+                             [&](int i, int v, float acc) { dS[i * R8 + v] = gl * dS[i * R8 + v] - acc; });
         __syncthreads();   /* Ks free: q rows in its place */
-        load_qk(p, p.q, p.rstd_q, row0, c, h, Ks, K);
+        load_qk(p, p.q, p.rstd_q, row0, c, h, Ks, lk);
         __syncthreads();
         /* dS += (scale exp(gc_t) q_t)^T dO */
-        for (int e = tid; e < K * VT; e += NT) {
-            const int i = e / VT, v = e % VT;
-            float acc = 0.f;
-            for (int t = 0; t < c; t++) acc = fmaf(p.scale * gam[t] * Ks[t * K + i], dO[t * VT + v], acc);
-            dS[e] += acc;
-        }
+        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (p.scale * gam[t]) * Ks[t * lk + i]; },
+                             [&](int t, int v) { return dO[t * R8 + v]; },
+                             [&](int i, int v, float acc) { dS[i * R8 + v] += acc; });
     }
     if (p.dh0) {
         __syncthreads();
         for (int e = tid; e < K * VT; e += NT) {
             const int i = e / VT, v = v0 + e % VT;
-            if (v < V) p.dh0[state_at(p, n, j, i, v)] = dS[e];
+            if (v < V) p.dh0[state_at(p, n, j, i, v)] = dS[i * R8 + e % VT];
         }
     }
 }
@@ -380,20 +360,17 @@ struct Gemm {
     int hv;
 };
 
+template <bool SPLIT>
 __global__ void __launch_bounds__(NT) bgemm_kernel(Gemm g) {
-    constexpr int BK = 16, LS = 65;
-    __shared__ float As[BK * LS], Bs[BK * LS];
+    constexpr int BK = 32, LA = BK + 4, LB = 64 + 8;   /* As [64][LA] read along k, Bs [BK][LB] across */
+    __shared__ float As[64 * LA], Bs[BK * LB];
     const int item = blockIdx.x;
     if (g.item_c[item / g.hv] == 0) return;
     const int tn = (g.N + 63) / 64, m0 = (blockIdx.y / tn) * 64, n0 = (blockIdx.y % tn) * 64;
     const float *A = g.A.p + item * g.A.bs, *B = g.B.p + item * g.B.bs;
     float *C = g.C + item * g.cbs;
-    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
-    float acc[4][4];
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) acc[r][q] = 0.f;
+    const int tid = threadIdx.x, warp = tid >> 5, wi = (warp >> 1) * 16, wn = (warp & 1) * 32;
+    float acc[4][4] = {};
     const bool skip = (g.tri & LOWER_C) && n0 > m0 + 63;   /* all above the diagonal */
     for (int k0 = 0; k0 < g.Kd && !skip; k0 += BK) {
         __syncthreads();
@@ -404,39 +381,24 @@ __global__ void __launch_bounds__(NT) bgemm_kernel(Gemm g) {
             bool ok = gi < g.M && gq < g.Kd;
             if ((g.tri & LOWER_A) && gq > gi) ok = false;
             if ((g.tri & UPPER_A) && gq < gi) ok = false;
-            As[q * LS + i] = ok ? (g.A.t ? A[(int64_t)gq * g.A.ld + gi] : A[(int64_t)gi * g.A.ld + gq]) : 0.f;
+            As[i * LA + q] = ok ? (g.A.t ? A[(int64_t)gq * g.A.ld + gi] : A[(int64_t)gi * g.A.ld + gq]) : 0.f;
         }
         for (int e = tid; e < BK * 64; e += NT) {
             int jn, q;
             if (g.B.t) { jn = e / BK; q = e % BK; } else { q = e / 64; jn = e % 64; }
             const int gj = n0 + jn, gq = k0 + q;
             const bool ok = gj < g.N && gq < g.Kd;
-            Bs[q * LS + jn] = ok ? (g.B.t ? B[(int64_t)gj * g.B.ld + gq] : B[(int64_t)gq * g.B.ld + gj]) : 0.f;
+            Bs[q * LB + jn] = ok ? (g.B.t ? B[(int64_t)gj * g.B.ld + gq] : B[(int64_t)gq * g.B.ld + gj]) : 0.f;
         }
         __syncthreads();
-#pragma unroll
-        for (int q = 0; q < BK; q++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) a[r] = As[q * LS + ty + 16 * r];
-#pragma unroll
-            for (int r = 0; r < 4; r++) b[r] = Bs[q * LS + tx + 16 * r];
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-#pragma unroll
-                for (int s = 0; s < 4; s++) acc[r][s] = fmaf(a[r], b[s], acc[r][s]);
-        }
+        gdn::warp_mma<SPLIT>(acc, [&](int i, int q) { return As[i * LA + q]; }, [&](int q, int n) { return Bs[q * LB + n]; },
+                             wi, wn, 4, 0, BK);
     }
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            const int i = m0 + ty + 16 * r, jn = n0 + tx + 16 * s;
-            if (i >= g.M || jn >= g.N) continue;
-            float *cp = C + (int64_t)i * g.ldc + jn;
-            if ((g.tri & LOWER_C) && jn > i) *cp = 0.f;
-            else *cp = g.alpha * acc[r][s] + (g.acc ? *cp : 0.f);
-        }
+    gdn::warp_store(acc, m0 + wi, n0 + wn, 4, g.M, g.N, [&](int i, int jn, float v) {
+        float *cp = C + (int64_t)i * g.ldc + jn;
+        if ((g.tri & LOWER_C) && jn > i) *cp = 0.f;
+        else *cp = g.alpha * v + (g.acc ? *cp : 0.f);
+    });
 }
 
 /* ---- the group stage: per-item scratch (floats, offsets from the item's base) ---- */
@@ -758,16 +720,17 @@ WsLayout ws_layout(const gdn_plan *pl) {
 }
 
 int sweep_smem(int K, bool bwd) {
-    const int floats = K * VT + CC * K + 2 * CC * RS + (bwd ? 3 : 2) * CC * VT;
+    const int Kp = k8(K), floats = Kp * R8 + CC * ld4(Kp) + (bwd ? 4 * CC * R8 : CC * R4 + 2 * CC * R8);
     return (floats + 2 * CC /* gcd */ + 3 * CC) * (int)sizeof(float);
 }
-int prep_smem(int K) { return (2 * CC * K + 2 * CC * RS + 2 * CC + 2 * CC) * (int)sizeof(float); }
+int prep_smem(int K) { return (2 * CC * ld4(k8(K)) + 2 * CC * RS + 2 * CC + 2 * CC) * (int)sizeof(float); }
 
 struct Launcher {
     cudaStream_t st;
     const BwdArgs &p;
     const Grp &G;
     int items;
+    bool split;
     cudaError_t err = cudaSuccess;
     /* one product over the group's items; operands in the scratch (ws offsets),
      * the record (rec) or the state arrays */
@@ -777,7 +740,8 @@ struct Launcher {
         g.M = M; g.N = N; g.Kd = Kd; g.tri = tri; g.acc = acc; g.alpha = alpha; g.A = A; g.B = B;
         g.C = G.scr + c_off; g.cbs = G.o.F; g.ldc = ldc; g.item_c = p.slot_c + G.s0; g.hv = p.HV;
         const dim3 grid((unsigned)items, (unsigned)(((M + 63) / 64) * ((N + 63) / 64)));
-        bgemm_kernel<<<grid, NT, 0, st>>>(g);
+        if (split) bgemm_kernel<true><<<grid, NT, 0, st>>>(g);
+        else bgemm_kernel<false><<<grid, NT, 0, st>>>(g);
         err = cudaGetLastError();
     }
     Mat scr(int64_t off, int ld, int t) const { return Mat{G.scr + off, G.o.F, ld, t}; }
@@ -796,20 +760,36 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
     const int K = p.K, V = p.V, HV = p.HV;
     cudaError_t e;
     const int64_t ns = p.nslots;
+#ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
+    cudaEvent_t ev[5];
+    for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
+    cudaEventRecord(ev[0], st);
+#define PHASE(i) cudaEventRecord(ev[i], st)
+#else
+#define PHASE(i) do { } while (0)
+#endif
     slot_info_kernel<<<(unsigned)((ns + NT - 1) / NT), NT, 0, st>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int smp = prep_smem(K), smf = sweep_smem(K, false), smb = sweep_smem(K, true);
-    if ((e = smem_attr(prep_kernel, smp)) != cudaSuccess) return e;
-    if ((e = smem_attr(fwd_sweep_kernel, smf)) != cudaSuccess) return e;
-    if ((e = smem_attr(bwd_sweep_kernel, smb)) != cudaSuccess) return e;
-    prep_kernel<<<dim3((unsigned)ns, (unsigned)HV), NT, smp, st>>>(p);
+    /* f32 inputs: every product as 3xTF32 (fp32 accuracy); bf16 / f16: one tf32 product */
+    const bool split = p.dt == 0;
+    const auto prep = split ? prep_kernel<true> : prep_kernel<false>;
+    const auto fsweep = split ? fwd_sweep_kernel<true> : fwd_sweep_kernel<false>;
+    const auto bsweep = split ? bwd_sweep_kernel<true> : bwd_sweep_kernel<false>;
+    if ((e = smem_attr(prep, smp)) != cudaSuccess) return e;
+    if ((e = smem_attr(fsweep, smf)) != cudaSuccess) return e;
+    if ((e = smem_attr(bsweep, smb)) != cudaSuccess) return e;
+    prep<<<dim3((unsigned)ns, (unsigned)HV), NT, smp, st>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    PHASE(1);
     if (p.N > 0) {
         const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
-        fwd_sweep_kernel<<<blocks, NT, smf, st>>>(p);
-        bwd_sweep_kernel<<<blocks, NT, smb, st>>>(p);
+        fsweep<<<blocks, NT, smf, st>>>(p);
+        PHASE(2);
+        bsweep<<<blocks, NT, smb, st>>>(p);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
+    PHASE(3);
     const Scr o = scr_layout(K, V);
     const int64_t gs = group_slots(pl);
     for (int64_t s0 = 0; s0 < ns; s0 += gs) {
@@ -817,7 +797,7 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
         Grp G;
         G.s0 = s0; G.scr = reinterpret_cast<float *>(ws + wl.scr); G.o = o;
         const int items = (int)((s1 - s0) * HV);
-        Launcher L{st, p, G, items};
+        Launcher L{st, p, G, items, split};
         const Mat S0 = L.state(p.states, 0), S0t = L.state(p.states, 1), dS = L.state(p.dstates, 0),
                   dSt = L.state(p.dstates, 1);
         grp_load_kernel<<<items, NT, 0, st>>>(p, G);
@@ -864,6 +844,15 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
         dparam_kernel<<<(HV + 127) / 128, 128, 0, st>>>(p);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
+#ifdef GDN_BWD_PROFILE
+    PHASE(4);
+    cudaEventSynchronize(ev[4]);
+    float ms[4];
+    for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
+    printf("chunk_bwd phases ms: prep %.3f | fwd sweep %.3f | bwd sweep %.3f | group stage %.3f\n", ms[0], ms[1], ms[2], ms[3]);
+    for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
+#endif
+#undef PHASE
     return cudaSuccess;
 }
 

@@ -1,0 +1,111 @@
+/* Block products of fp32 operands on the tensor cores (mma.sync m16n8k8 tf32),
+ * for kernels whose tiles sit in shared memory in fp32: the chunk backward.
+ *
+ * Operands come through accessors a(i, k) and b(k, n), so one routine serves
+ * every transpose and mask; the result goes to an epilogue epi(i, n, value).
+ * SPLIT runs each product as three tf32 products (3xTF32: hi*hi + hi*lo +
+ * lo*hi, x = hi + lo with both halves tf32), which keeps fp32 accuracy (about
+ * 2^-22 relative per product) for f32 inputs; without it one tf32 rounding
+ * (2^-11) per operand, enough for bf16 / f16 inputs.
+ *
+ * Fragment reads are scalar shared loads. For no bank conflicts an array read
+ * along k in consecutive addresses (a(i,k) = X[i*ld + k], b(k,n) = X[n*ld + k])
+ * wants ld = 4 mod 32; one read across k (a(i,k) = X[k*ld + i], b(k,n) =
+ * X[k*ld + n]) wants ld = 8 mod 32. */
+#pragma once
+#include <stdint.h>
+
+namespace gdn {
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* one warp: acc[j] += A[i0:i0+16, k0:k1] B[k0:k1, n0+8j : n0+8j+8] for the
+ * j < nt (nt <= 4); k0, k1 multiples of 8. Accessors are called for
+ * i < i0 + 16, k < k1, n < n0 + 8 nt only: the arrays must hold (zeros)
+ * up to those bounds. acc[j][0..3] holds (g, 2t), (g, 2t+1), (g+8, 2t),
+ * (g+8, 2t+1) of the 16 x 8 tile j, g = lane / 4, t = lane % 4. */
+template <bool SPLIT, typename FA, typename FB>
+__device__ __forceinline__ void warp_mma(float (&acc)[4][4], const FA &a, const FB &b, int i0, int n0, int nt, int k0, int k1) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k = k0; k < k1; k += 8) {
+        float af[4] = {a(i0 + g, k + t), a(i0 + g + 8, k + t), a(i0 + g, k + t + 4), a(i0 + g + 8, k + t + 4)};
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            ah[r] = to_tf32(af[r]);
+            if (SPLIT) al[r] = to_tf32(af[r] - __uint_as_float(ah[r]));
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (j >= nt) break;
+            const int n = n0 + 8 * j + g;
+            const float b0 = b(k + t, n), b1 = b(k + t + 4, n);
+            const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
+            if (SPLIT) {
+                const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
+                mma_tf32(acc[j], al, bh0, bh1);
+                mma_tf32(acc[j], ah, bl0, bl1);
+            }
+            mma_tf32(acc[j], ah, bh0, bh1);
+        }
+    }
+}
+
+/* the epilogue of one warp tile: epi(i, n, v) for i < M, n < N */
+template <typename FE>
+__device__ __forceinline__ void warp_store(const float (&acc)[4][4], int i0, int n0, int nt, int M, int N, const FE &epi) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (j >= nt) break;
+        const int n = n0 + 8 * j + 2 * t;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int i = i0 + g + (r >> 1) * 8, nn = n + (r & 1);
+            if (i < M && nn < N) epi(i, nn, acc[j][r]);
+        }
+    }
+}
+
+/* C[M, N] = A[M, Kd] B[Kd, N] over the block's warps (tiles of 16 x 32 dealt
+ * round robin), epi(i, n, C_in) for every i < M, n < N. krange(i0, &k0, &k1)
+ * narrows the k range of the 16 rows from i0 (triangular operands); k0, k1
+ * must be multiples of 8 and the accessors zero outside what they hold, up
+ * to M and N rounded up to 16 and 8 and Kd rounded up to 8. Every warp of
+ * the block calls it; no barrier inside. */
+template <bool SPLIT, typename FA, typename FB, typename FE, typename FK>
+__device__ __forceinline__ void block_mm(int M, int N, int Kd, const FA &a, const FB &b, const FE &epi, const FK &krange) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int mt = (M + 15) >> 4, ntile = (N + 31) >> 5, n8 = (N + 7) >> 3, kd8 = (Kd + 7) & ~7;
+    for (int task = warp; task < mt * ntile; task += nw) {
+        const int i0 = (task / ntile) * 16, n0 = (task % ntile) * 32;
+        const int nt = n8 - n0 / 8 < 4 ? n8 - n0 / 8 : 4;
+        float acc[4][4] = {};
+        int k0 = 0, k1 = kd8;
+        krange(i0, &k0, &k1);
+        if (k1 > kd8) k1 = kd8;
+        warp_mma<SPLIT>(acc, a, b, i0, n0, nt, k0, k1);
+        warp_store(acc, i0, n0, nt, M, N, epi);
+    }
+}
+
+struct full_k {
+    __device__ __forceinline__ void operator()(int, int *, int *) const {}
+};
+
+template <bool SPLIT, typename FA, typename FB, typename FE>
+__device__ __forceinline__ void block_mm(int M, int N, int Kd, const FA &a, const FB &b, const FE &epi) {
+    block_mm<SPLIT>(M, N, Kd, a, b, epi, full_k{});
+}
+
+}  // namespace gdn
