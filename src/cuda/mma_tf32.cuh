@@ -37,6 +37,7 @@ __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32
 template <bool SPLIT, typename FA, typename FB>
 __device__ __forceinline__ void warp_mma(float (&acc)[4][4], const FA &a, const FB &b, int i0, int n0, int nt, int k0, int k1) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 2
     for (int k = k0; k < k1; k += 8) {
         float af[4] = {a(i0 + g, k + t), a(i0 + g + 8, k + t), a(i0 + g, k + t + 4), a(i0 + g + 8, k + t + 4)};
         uint32_t ah[4], al[4];
