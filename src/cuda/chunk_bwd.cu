@@ -139,19 +139,68 @@ __device__ __forceinline__ void batched(int n, const FG &get, const FP &put) {
 }
 
 /* rows row0..row0+c-1 of q or k (head h), normalized by the saved rstd
- * (GDN_QK_L2NORM), into dst [64][ld]; rows >= c and columns >= K are zero */
+ * (GDN_QK_L2NORM), into dst [64][ld]; rows >= c and columns >= K are zero.
+ * A warp per row, two rows at a time, the lanes along the row: the index
+ * arithmetic and the rstd once per row, 2 x 9 loads in flight per lane (an
+ * element-wise loop with an index division per element measured 55k cycles
+ * per chunk in the forward sweep, nine tenths of it instructions and stalls) */
 __device__ void load_qk(const BwdArgs &p, const void *x, const float *rstd, int64_t row0, int c, int h, float *dst, int ld) {
+    constexpr int PER = (256 + 4 + 31) / 32;   /* ld <= 260 */
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
-    batched(
-        CC * ld,
-        [&](int e) {
-            const int t = e / ld, i = e % ld;
-            if (t >= c || i >= p.K) return 0.f;
-            const int64_t r = row0 + t;
-            const float val = gdn::ld(x, (r * p.H + h) * p.K + i, p.dt);
-            return l2 ? val * rstd[r * p.H + h] : val;
-        },
-        [&](int e, float v) { dst[e] = v; });
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = p.K;
+    for (int t0 = warp; t0 < CC; t0 += 2 * (NT / 32)) {
+        float v[2][PER], rs[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+            const int64_t at = (row0 + t) * p.H + h;
+            rs[r] = t < c && l2 ? rstd[at] : 1.f;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                v[r][u] = t < c && i < K ? gdn::ld(x, at * K + i, p.dt) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                if (i < ld) dst[t * ld + i] = v[r][u] * rs[r];
+            }
+        }
+    }
+}
+
+/* rows row0..row0+c-1 of a [rows][HV][V] tensor (value head j), columns
+ * v0..v0+n-1, into dst [64][ld]; rows >= c and columns past V are zero.
+ * Laid out as load_qk; n <= 256 */
+__device__ void load_rows_v(const BwdArgs &p, const void *x, int64_t row0, int c, int j, int v0, int n, float *dst, int ld) {
+    constexpr int PER = 256 / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, V = p.V;
+    for (int t0 = warp; t0 < CC; t0 += 2 * (NT / 32)) {
+        float v[2][PER];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+            const int64_t at = ((row0 + t) * p.HV + j) * (int64_t)V + v0;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                v[r][u] = t < c && i < n && v0 + i < V ? gdn::ld(x, at + i, p.dt) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                if (i < n) dst[t * ld + i] = v[r][u];
+            }
+        }
+    }
 }
 
 /* the 64 x 64 matrix at src (row stride 64) into dst with row stride ld */
@@ -265,6 +314,7 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
         }
         BP(0);
         load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+        load_rows_v(p, p.v, row0, c, j, v0, VT, X, R8);
         load_64x64(Tm, R4, rec + R_TM);
         if (tid < CC) {
             gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
@@ -276,12 +326,8 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
         BP(1);
         /* X = Bv - Bk S, Bv = beta v, Bk = beta exp(gc) k */
         gdn::block_mm<SPLIT>(CC, VT, K, [&](int t, int i) { return Ks[t * lk + i]; }, [&](int i, int v) { return S[i * R8 + v]; },
-                             [&](int t, int v, float acc) {
-                                 float x = 0.f;
-                                 if (t < c && v0 + v < V)
-                                     x = bet[t] * gdn::ld(p.v, ((row0 + t) * p.HV + j) * (int64_t)V + v0 + v, p.dt) -
-                                         (bet[t] * gam[t]) * acc;
-                                 X[t * R8 + v] = x;
+                             [&](int t, int v, float acc) {   /* X holds v (zero past c and V) */
+                                 X[t * R8 + v] = t < c ? bet[t] * X[t * R8 + v] - (bet[t] * gam[t]) * acc : 0.f;
                              });
         __syncthreads();
         BP(2);
@@ -338,13 +384,7 @@ __global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
         load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
         load_64x64(P, R8, rec + R_P);
         load_64x64(Tm, R8, rec + R_TM);
-        batched(
-            CC * VT,
-            [&](int e) {
-                const int t = e / VT, v = v0 + e % VT;
-                return t < c && v < V ? gdn::ld(p.dout, ((row0 + t) * p.HV + j) * (int64_t)V + v, p.dt) : 0.f;
-            },
-            [&](int e, float x) { dO[(e / VT) * R8 + e % VT] = x; });
+        load_rows_v(p, p.dout, row0, c, j, v0, VT, dO, R8);
         if (tid < CC) {
             gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
             gam[tid] = rec[R_GAM + tid];
@@ -452,18 +492,16 @@ __device__ void grp_load(const BwdArgs &p, const Grp &G, const Item &it) {
             w[G.o.Bk + e] = (bet[t] * gam[t]) * kc;
             w[G.o.Kd + e] = (t < c ? Ef(it.gcd, c - 1, t) : 0.f) * kc;
         });
-    const auto at = [&](int e) { return ((it.row0 + e / V) * p.HV + it.j) * (int64_t)V + e % V; };
+    load_rows_v(p, p.v, it.row0, c, it.j, 0, V, w + G.o.Vv, V);
+    load_rows_v(p, p.dout, it.row0, c, it.j, 0, V, w + G.o.dO, V);
+    __syncthreads();
     batched(
-        CC * V, [&](int e) { return e / V < c ? gdn::ld(p.v, at(e), p.dt) : 0.f; },
+        CC * V, [&](int e) { return w[G.o.Vv + e]; },
         [&](int e, float vv) {
             const float b = bet[e / V];
-            w[G.o.Vv + e] = vv;
             w[G.o.Bv + e] = b * vv;
             w[G.o.Xr + e] = b * vv;
         });
-    batched(
-        CC * V, [&](int e) { return e / V < c ? gdn::ld(p.dout, at(e), p.dt) : 0.f; },
-        [&](int e, float x) { w[G.o.dO + e] = x; });
     for (int e = threadIdx.x; e < CC * CC; e += NT) w[G.o.Rg + e] = 0.f;
     if (threadIdx.x < CC) { w[G.o.dgc + threadIdx.x] = 0.f; w[G.o.dbeta + threadIdx.x] = 0.f; }
 }
