@@ -84,13 +84,7 @@ void gdn_cpu_decode_step(int threads, const gdn_decode_config *c, const gdn_deco
             const float beta = ((c->flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f) * gdn_sigmoid(gb);
             float *S = a->state + (st * HV + j) * (int64_t)K * V;
             if (vfirst) {          /* S^T stored: row e holds S[:, e] */
-                for (int e = 0; e < V; e++) {
-                    float *Se = S + (int64_t)e * K;
-                    for (int i = 0; i < K; i++) Se[i] *= decay;
-                    const float ue = beta * (v[e] - gdn_dot(Se, k, K));
-                    for (int i = 0; i < K; i++) Se[i] += k[i] * ue;
-                    o[e] = scale * gdn_dot(Se, q, K);
-                }
+                for (int e = 0; e < V; e++) o[e] = scale * gdn_delta_row(S + (int64_t)e * K, k, q, K, decay, beta, v[e]);
             } else {
                 memset(u, 0, sizeof(float) * V);
                 for (int i = 0; i < K; i++) {               /* S *= decay; u = S^T k */

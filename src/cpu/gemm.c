@@ -102,11 +102,11 @@ static void tile16(const float *s, int64_t ls, float *d, int64_t ld) {
 #endif
 
 static void transpose(const float *src, int64_t ls, int nj, int np, float *dst, int64_t ld) {
-    int p0 = 0, j0 = 0;
+    int j0 = 0;
 #if defined(__AVX512F__)
     for (j0 = 0; j0 + 16 <= nj; j0 += 16)
         for (int p = 0; p + 16 <= np; p += 16) tile16(src + (int64_t)j0 * ls + p, ls, dst + (int64_t)p * ld + j0, ld);
-    p0 = np / 16 * 16;
+    const int p0 = np / 16 * 16;
     /* ragged edges: columns p >= p0 for the tiled rows, then the leftover rows */
     for (int j = 0; j < j0; j++)
         for (int p = p0; p < np; p++) dst[(int64_t)p * ld + j] = src[(int64_t)j * ls + p];
@@ -190,4 +190,23 @@ float gdn_dot(const float *a, const float *b, int n) {
     for (int l = 0; l < VL; l++) s += acc0[l];
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+float gdn_delta_row(float *s, const float *k, const float *q, int K, float decay, float beta, float ve) {
+    const float u = beta * (ve - decay * gdn_dot(s, k, K));
+    const vf dv = (vf){0} + decay, uv = (vf){0} + u;
+    vf acc = (vf){0};
+    int i = 0;
+    for (; i + VL <= K; i += VL) {
+        const vf x = dv * vload(s + i) + uv * vload(k + i);
+        memcpy(s + i, &x, sizeof x);
+        acc += x * vload(q + i);
+    }
+    float o = 0.f;
+    for (int l = 0; l < VL; l++) o += acc[l];
+    for (; i < K; i++) {
+        s[i] = decay * s[i] + u * k[i];
+        o += s[i] * q[i];
+    }
+    return o;
 }

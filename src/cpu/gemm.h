@@ -37,6 +37,12 @@ typedef float gdn_vf __attribute__((vector_size(GDN_VL * 4)));
 /* sum_i a[i]*b[i] with vector accumulators (fixed order for a given n) */
 float gdn_dot(const float *a, const float *b, int n);
 
+/* One value column of a state kept v-first (s = S[:, e], K floats in a row)
+ * through one token of the delta rule, in two passes over the row:
+ *     s = decay s;  u = beta (v_e - s.k);  s += u k;  returns s.q
+ * (q is read after the update; the caller scales it) */
+float gdn_delta_row(float *s, const float *k, const float *q, int K, float decay, float beta, float ve);
+
 /* exp(x), ~2 ulp, written so that loops over it vectorise (libm's expf
  * does not without -ffast-math). Results below 2^-126 are 0; x is meant to
  * be <= 0 (decays) and is clamped at 88 above. */
