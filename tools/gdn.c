@@ -1313,12 +1313,45 @@ static void json_num(double x) {
     else printf("null");
 }
 
+/* GB/s (bytes read + written) of a plain memcpy of 64 MiB split over the
+ * threads, best of 5: the ceiling the memory-bound ops' GB/s stand beside */
+static double copy_gbps(int threads) {
+    const size_t n = (size_t)64 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) { free(a); free(b); return NAN; }
+    memset(a, 1, n);
+    memset(b, 0, n);
+    double best = INFINITY;
+    for (int r = 0; r < 5; r++) {
+        const double t0 = now_ms();
+#ifdef _OPENMP
+        #pragma omp parallel num_threads(threads > 0 ? threads : 1)
+        {
+            const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+            const size_t lo = n / nt * id, hi = id + 1 == nt ? n : n / nt * (id + 1);
+            memcpy(b + lo, a + lo, hi - lo);
+        }
+#else
+        (void)threads;
+        memcpy(b, a, n);
+#endif
+        const double t = (now_ms() - t0) * 1e-3;
+        if (t < best) best = t;
+    }
+    free(a);
+    free(b);
+    return 2.0 * n / best * 1e-9;
+}
+
 static void print_json(const opts *o, const gdn_config *full, const gdn_config *slice, const call *lf,
-                       const call *ls, int threads, const result *res, int nres, int all_ok) {
+                       const call *ls, int threads, double copy, const result *res, int nres, int all_ok) {
     char fl[128];
     flags_str(full->flags, fl, sizeof fl);
     printf("{\n  \"version\": \"%d.%d\",\n  \"backend\": \"%s\",\n  \"threads\": %d,\n", GDN_VERSION_MAJOR,
            GDN_VERSION_MINOR, be->name, threads);
+    printf("  \"copy_gbytes_per_s\": ");
+    json_num(copy);
+    printf(",\n");
     printf("  \"config\": {\"B\": %lld, \"T\": %lld, \"H\": %d, \"HV\": %d, \"K\": %d, \"V\": %d, "
            "\"varlen\": %d, \"dtype\": \"%s\", \"gate_dtype\": \"%s\", \"flags\": \"%s\", \"h0\": true, \"ht\": true, "
            "\"seq_split\": %d, \"seed\": %llu},\n",
@@ -1354,7 +1387,7 @@ static void print_json(const opts *o, const gdn_config *full, const gdn_config *
 }
 
 static void print_table(const opts *o, const gdn_config *full, const gdn_config *slice, const call *lf,
-                        const call *ls, int threads, const result *res, int nres, int all_ok) {
+                        const call *ls, int threads, double copy, const result *res, int nres, int all_ok) {
     char fl[128];
     flags_str(full->flags, fl, sizeof fl);
     printf("gdn %d.%d  backend %s, %d threads  dtype %s (gates %s)  flags %s  h0, ht", GDN_VERSION_MAJOR,
@@ -1364,7 +1397,9 @@ static void print_table(const opts *o, const gdn_config *full, const gdn_config 
            o->reps, o->warmup, (long long)slice->T);
     if (o->ops & (1u << OP_DECODE | 1u << OP_DECODE_CONV))
         printf(" (decode: first %d rows)", ls->dec.B);
-    printf("\nGB/s: every input read once, every output written once (tools/flops.h)\n");
+    printf("\nGB/s: every input read once, every output written once (tools/flops.h)");
+    if (isfinite(copy)) printf("; a plain copy on the same threads: %.1f GB/s", copy);
+    printf("\n");
     if (o->ops & ~((1u << OP_DECODE) - 1))
         printf("layer: decode %d rows, pool of %lld slots, fp32 state; conv1d D=%d W=%d bias SiLU h0/ht; "
                "rmsnorm SiLU gate eps %g\n", lf->dec.B, (long long)lf->dec.num_slots, lf->conv.D, lf->conv.W,
@@ -1563,8 +1598,9 @@ int main(int argc, char **argv) {
         all_ok &= x->ok;
     }
 
-    if (o.json) print_json(&o, c, cs, &full, &slice, threads, res, nres, all_ok);
-    else print_table(&o, c, cs, &full, &slice, threads, res, nres, all_ok);
+    const double copy = be->id == GDN_BACKEND_CPU ? copy_gbps(threads) : NAN;
+    if (o.json) print_json(&o, c, cs, &full, &slice, threads, copy, res, nres, all_ok);
+    else print_table(&o, c, cs, &full, &slice, threads, copy, res, nres, all_ok);
 
     outputs_free(&full.out);
     outputs_free(&slice.out);
