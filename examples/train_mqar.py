@@ -1,22 +1,25 @@
 """Train a small Gated DeltaNet model on multi-query associative recall (MQAR)
 with gdn, then answer recall queries by cached decode.
 
-MQAR: a sequence starts with key-value pairs (k1 v1 k2 v2 ...) and goes on
-with queries, keys seen before; at each query the model must predict that
-key's value. Batches are drawn on the fly from --seed, so two runs with the
-same seed see the same data. The model: token embedding, --layers blocks of
-gdn.GatedDeltaNet (short conv, gated RMSNorm) and a SiLU MLP with pre-norms,
-a final norm and the embedding as output head. --kernel torch runs the same
-model, parameters and data on gdn.torch_ref (plain torch ops), to compare.
+MQAR: a sequence starts with --pairs key-value pairs (k1 v1 k2 v2 ...) and
+goes on with queries, keys seen before; at each query the model must predict
+that key's value (chance: 1 / --values). Batches are drawn on the fly from
+--seed, so two runs with the same seed see the same data. The model: token
+embedding, --layers blocks of gdn.GatedDeltaNet (short conv, gated RMSNorm)
+and a SiLU MLP with pre-norms, a final norm and the embedding as output
+head. --kernel torch runs the same model, parameters and data on
+gdn.torch_ref (plain torch ops), to compare; --kernel both runs the two.
 
-    python examples/train_mqar.py --steps 300 --kernel gdn
-    python examples/train_mqar.py --steps 300 --kernel both --plot docs/mqar.png
+    python examples/train_mqar.py                          # about 20 s on 2 CPU cores
+    python examples/train_mqar.py --steps 600 --kernel both --plot docs/mqar.png
 
-Prints progress (loss, recall accuracy, tokens/s), a table at the end, and a
-few solved queries answered one token at a time through the decode step,
-with the largest difference between those logits and a full prefill's.
+Prints progress (loss, recall accuracy, tokens/s; a bar where tqdm is
+installed), a table at the end, and a few queries answered one token at a
+time through the decode step, with the largest difference between those
+logits and a full prefill's. main(argv) returns the numbers as a dict.
 """
 import argparse
+import math
 import time
 
 import torch
@@ -31,9 +34,11 @@ except ImportError:   # a plain loop without a bar
     tqdm = None
 
 
-def mqar_batch(gen, batch, seq_len, n_keys, n_values, device):
-    """Inputs [batch, seq_len] and targets (-100 where nothing is asked)."""
-    pairs = seq_len // 4
+def mqar_batch(gen, batch, seq_len, pairs, n_keys, n_values, device):
+    """Inputs [batch, seq_len] and targets (-100 where nothing is asked). Token 0 is unused,
+    keys are 1..n_keys, values n_keys+1..n_keys+n_values; each row's keys are distinct."""
+    if not 0 < pairs <= n_keys or seq_len <= 2 * pairs:
+        raise ValueError(f"MQAR needs 0 < pairs ({pairs}) <= keys ({n_keys}) and seq_len ({seq_len}) > 2 * pairs")
     keys = torch.stack([torch.randperm(n_keys, generator=gen)[:pairs] for _ in range(batch)]) + 1
     values = torch.randint(0, n_values, (batch, pairs), generator=gen) + 1 + n_keys
     x = torch.zeros(batch, seq_len, dtype=torch.long)
@@ -59,12 +64,16 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, vocab, d, layers, heads, head_dim, kernel):
+    def __init__(self, vocab, d, layers, heads, head_dim, kernel, gen):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(Block(d, heads, head_dim, kernel, i) for i in range(layers))
         self.norm = nn.RMSNorm(d)
-        nn.init.normal_(self.emb.weight, std=0.02)
+        with torch.no_grad():
+            self.emb.weight.normal_(0, 0.02)
+            for blk in self.blocks:   # time steps dt log-uniform in [1e-3, 1e-1], as FLA and Mamba2 start
+                dt = torch.exp(torch.rand(heads, generator=gen) * math.log(100) + math.log(1e-3))
+                blk.mix.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))   # softplus(dt_bias) = dt
 
     def forward(self, x, cache=None):
         h = self.emb(x)
@@ -73,26 +82,38 @@ class Model(nn.Module):
         return self.norm(h) @ self.emb.weight.T   # tied head
 
 
+def build_model(args, kernel):
+    """The same parameters for every kernel: seeded from --seed alone."""
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    vocab = 1 + args.keys + args.values
+    return Model(vocab, args.d_model, args.layers, args.heads, args.head_dim, kernel, gen).to(args.device)
+
+
 def train(args, kernel):
-    """Returns (losses, accuracies, tokens/s, model)."""
+    """Returns (losses, accuracies, tokens/s, model): one loss and accuracy per step."""
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    torch.manual_seed(args.seed)
-    vocab = 1 + args.keys + args.values
-    model = Model(vocab, args.d_model, args.layers, args.heads, args.head_dim, kernel).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    model = build_model(args, kernel)
+    vocab = model.emb.num_embeddings
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = max(1, args.warmup)   # linear warm-up, then cosine down to a tenth
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warm, 0.55 + 0.45 * math.cos(
+        math.pi * min(1.0, max(0, s + 1 - warm) / max(1, args.steps - warm)))))
     gen = torch.Generator().manual_seed(args.seed + 1)
     losses, accs = [], []
     bar = tqdm(range(args.steps), desc=kernel, leave=False) if tqdm and not args.quiet else range(args.steps)
     t0, tokens = time.perf_counter(), 0
     for step in bar:
-        x, y = mqar_batch(gen, args.batch, args.seq_len, args.keys, args.values, dev)
+        x, y = mqar_batch(gen, args.batch, args.seq_len, args.pairs, args.keys, args.values, dev)
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         asked = y != -100
         acc = (logits.argmax(-1)[asked] == y[asked]).float().mean().item()
         losses.append(loss.item())
@@ -101,15 +122,20 @@ def train(args, kernel):
         if tqdm and not args.quiet:
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}",
                             tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
+        elif not args.quiet and (step + 1) % max(1, args.steps // 10) == 0:
+            print(f"{kernel} step {step + 1}/{args.steps}: loss {loss.item():.3f} acc {acc:.2f} "
+                  f"{tokens / (time.perf_counter() - t0):.0f} tokens/s", flush=True)
     return losses, accs, tokens / (time.perf_counter() - t0), model
 
 
 @torch.no_grad()
-def generate_check(args, model, n_show=3):
-    """Cached decode (the decode step) against a full prefill on fresh queries: max |logit diff| / max |logit|."""
+def generate_check(args, model, rows=4):
+    """Fresh sequences: the first half as one prefill into a cache, then one token at a time (the
+    decode step), against a full prefill of the whole sequence. Returns (max |decode - prefill| logit,
+    max |prefill logit|, decode's recall accuracy, [(key, value, answer)] of row 0's first queries)."""
     dev = torch.device(args.device)
     gen = torch.Generator().manual_seed(args.seed + 2)
-    x, y = mqar_batch(gen, 4, args.seq_len, args.keys, args.values, dev)
+    x, y = mqar_batch(gen, rows, args.seq_len, args.pairs, args.keys, args.values, dev)
     full = model(x).float()
     cache = gdn.GatedDeltaNetCache()
     half = args.seq_len // 2
@@ -117,69 +143,98 @@ def generate_check(args, model, n_show=3):
     for t in range(half, args.seq_len):
         steps.append(model(x[:, t:t + 1], cache=cache).float())
     dec = torch.cat(steps, 1)
-    err = ((dec - full).norm() / full.norm()).item()
-    asked = (y[0] != -100).nonzero().flatten()[:n_show].tolist()
-    examples = [(x[0, t].item(), y[0, t].item(), dec[0, t].argmax().item()) for t in asked]
-    return err, examples
+    diff = (dec - full).abs().max().item()
+    asked = y != -100
+    late = asked & (torch.arange(args.seq_len, device=dev) >= half)   # the queries the decode step answered
+    acc = (dec.argmax(-1)[late] == y[late]).float().mean().item()
+    shown = late[0].nonzero().flatten()[:4].tolist()
+    examples = [(x[0, t].item(), y[0, t].item(), dec[0, t].argmax().item()) for t in shown]
+    return diff, full.abs().max().item(), acc, examples
 
 
-def main(argv=None):
+def plot(path, runs, chance, title):
+    import matplotlib   # only here: the script runs without it
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for k, r in runs.items():
+        style = dict(lw=1.0, ls="-" if k == "gdn" else "--", label=f"{k} (final acc {r['final_acc']:.2f})")
+        ax1.plot(r["loss"], **style)
+        ax2.plot(r["acc"], **style)
+    ax1.set(xlabel="step", ylabel="cross-entropy", title="training loss", yscale="log")
+    ax2.axhline(chance, color="gray", lw=0.8, ls=":", label=f"chance {chance:.3f}")
+    ax2.set(xlabel="step", ylabel="recall accuracy", title="recall accuracy", ylim=(0, 1))
+    ax1.legend(fontsize=8), ax2.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast of the forward")
     p.add_argument("--kernel", default="gdn", choices=["gdn", "torch", "both"])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seq-len", type=int, default=32, help="pairs, then queries to the end")
+    p.add_argument("--pairs", type=int, default=8, help="key-value pairs at the start of each sequence")
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--keys", type=int, default=32)
-    p.add_argument("--values", type=int, default=32)
+    p.add_argument("--keys", type=int, default=16, help="key vocabulary")
+    p.add_argument("--values", type=int, default=16, help="value vocabulary")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default=None, help="PNG of the loss and accuracy curves (needs matplotlib)")
-    p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up; then cosine to lr / 10")
+    p.add_argument("--seed", type=int, default=0, help="parameters and data")
+    p.add_argument("--plot", default=None, metavar="FILE", help="PNG of the loss and accuracy curves (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    """Runs the script on argv (a list of flags; None: sys.argv). Returns a dict: the arguments,
+    chance, per kernel its per-step losses and accuracies, final loss and accuracy (means over the
+    last tenth of the steps), tokens/s and decode check; with two kernels their largest per-step
+    relative loss difference."""
+    args = parse_args(argv)
     kernels = ["gdn", "torch"] if args.kernel == "both" else [args.kernel]
-    runs = {k: train(args, k) for k in kernels}
     chance = 1.0 / args.values
-    print(f"\nMQAR seq_len {args.seq_len}, {args.seq_len // 4} pairs, {args.keys} keys, {args.values} values "
-          f"(chance {chance:.3f}); {args.layers} layers d_model {args.d_model}, {args.steps} steps, "
-          f"{args.device} {args.dtype}")
-    print(f"{'kernel':8s} {'first loss':>10s} {'last loss':>10s} {'last acc':>9s} {'tokens/s':>10s}")
-    for k, (losses, accs, tps, _) in runs.items():
+    out = {"args": vars(args), "chance": chance, "runs": {}}
+    for k in kernels:
+        losses, accs, tps, model = train(args, k)
         tail = max(1, len(accs) // 10)
-        print(f"{k:8s} {losses[0]:10.4f} {sum(losses[-tail:]) / tail:10.4f} {sum(accs[-tail:]) / tail:9.3f} "
-              f"{tps:10.0f}")
-    if len(runs) == 2:
-        a, b = runs["gdn"][0], runs["torch"][0]
-        n = min(len(a), 20)
-        dif = max(abs(x - y) / abs(y) for x, y in zip(a[:n], b[:n]))
-        print(f"largest relative loss difference over the first {n} steps: {dif:.2e}")
-    for k, (_, _, _, model) in runs.items():
-        if k == "gdn":
-            err, ex = generate_check(args, model)
-            print(f"cached decode vs prefill logits: relative difference {err:.2e}")
-            for key, want, got in ex:
-                print(f"  query key {key}: value {want}, answered {got} {'ok' if want == got else 'wrong'}")
+        diff, scale, dec_acc, examples = generate_check(args, model)
+        out["runs"][k] = {"loss": losses, "acc": accs, "tokens_per_s": tps,
+                          "final_loss": sum(losses[-tail:]) / tail, "final_acc": sum(accs[-tail:]) / tail,
+                          "decode_max_abs_diff": diff, "prefill_max_abs_logit": scale, "decode_acc": dec_acc,
+                          "examples": examples}
+    print(f"\nMQAR seq_len {args.seq_len}, {args.pairs} pairs, {args.keys} keys, {args.values} values "
+          f"(chance {chance:.3f}); {args.layers} layers d_model {args.d_model}, {args.steps} steps, "
+          f"batch {args.batch}, {args.device} {args.dtype}")
+    print(f"{'kernel':8s} {'first loss':>10s} {'final loss':>10s} {'final acc':>9s} {'tokens/s':>10s}"
+          "   (final: mean of the last tenth of the steps)")
+    for k, r in out["runs"].items():
+        print(f"{k:8s} {r['loss'][0]:10.4f} {r['final_loss']:10.4f} {r['final_acc']:9.3f} {r['tokens_per_s']:10.0f}")
+    if len(kernels) == 2:
+        a, b = out["runs"]["gdn"]["loss"], out["runs"]["torch"]["loss"]
+        out["max_rel_loss_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        print(f"largest relative loss difference between the kernels over {len(a)} steps: "
+              f"{out['max_rel_loss_diff']:.2e}")
+    for k, r in out["runs"].items():
+        print(f"{k}: cached decode vs prefill logits: max difference {r['decode_max_abs_diff']:.2e} "
+              f"(largest logit {r['prefill_max_abs_logit']:.1f}); recall by decode {r['decode_acc']:.3f}")
+        for key, want, got in r["examples"]:
+            print(f"  query k{key}: value v{want - args.keys}, answered v{got - args.keys} "
+                  f"{'ok' if want == got else 'wrong'}")
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-        for k, (losses, accs, _, _) in runs.items():
-            ax1.plot(losses, label=k, lw=1.2, ls="-" if k == "gdn" else "--")
-            ax2.plot(accs, label=k, lw=1.2, ls="-" if k == "gdn" else "--")
-        ax1.set(xlabel="step", ylabel="loss", title="MQAR training loss")
-        ax2.set(xlabel="step", ylabel="recall accuracy", title="recall accuracy")
-        ax2.axhline(chance, color="gray", lw=0.8, ls=":")
-        ax1.legend(), ax2.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        title = (f"MQAR, {args.pairs} pairs of {args.keys} keys / {args.values} values, seq_len {args.seq_len}, "
+                 f"{args.layers} GatedDeltaNet layers d_model {args.d_model}, {args.device} {args.dtype}")
+        plot(args.plot, out["runs"], chance, title)
         print(f"plot: {args.plot}")
-    return runs
+    return out
 
 
 if __name__ == "__main__":
