@@ -351,19 +351,37 @@ static double get(gdn_dtype t, const void *p, size_t i) {
     }
 }
 
+/* Random inputs from a counter-based generator: element i of a tensor is a
+ * hash of (the tensor's key, i), so tensors fill in parallel and the values
+ * do not depend on the thread count. Keys come from the seed in order. */
 static uint64_t rng_state;
-static uint64_t rng_u64(void) {   /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+static uint64_t mix64(uint64_t z) {   /* splitmix64's finaliser */
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
-static double rng_uniform(void) { return (double)(rng_u64() >> 11) * 0x1.0p-53; }
-static double rng_normal(void) {
-    const double u1 = rng_uniform(), u2 = rng_uniform();
-    return sqrt(-2.0 * log(u1 + 0x1.0p-60)) * cos(6.283185307179586 * u2);
+static uint64_t rng_key(void) { return mix64(rng_state += 0x9e3779b97f4a7c15ULL); }
+static double uniform_at(uint64_t key, uint64_t i) { return ((mix64(key + i * 0x9e3779b97f4a7c15ULL) >> 11) + 0.5) * 0x1.0p-53; }
+static double normal_at(uint64_t key, uint64_t i) {   /* Box-Muller on two uniforms in (0, 1), in float */
+    const uint64_t h = mix64(key + i * 0x9e3779b97f4a7c15ULL);
+    const float u1 = ((float)(h >> 40) + 0.5f) * 0x1.0p-24f, u2 = ((float)((h >> 16) & 0xffffff) + 0.5f) * 0x1.0p-24f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
 }
+static double rng_uniform(void) { return uniform_at(rng_key(), 0); }
+static double rng_normal(void) { return normal_at(rng_key(), 0); }
 static double logsigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+
+enum { R_NORMAL, R_LOGSIG_NORMAL, R_UNIFORM };
+/* p[i] = offset + scale * (a draw of kind `kind`) for i < n, dtype t, in parallel */
+static void fill(gdn_dtype t, void *p, size_t n, int kind, double scale, double offset) {
+    const uint64_t key = rng_key();
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double x = kind == R_UNIFORM ? uniform_at(key, i) : normal_at(key, i);
+        if (kind == R_LOGSIG_NORMAL) x = logsigmoid(x);
+        store(t, p, i, (float)(offset + scale * x));
+    }
+}
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -419,7 +437,8 @@ static const backend cuda_backend = {"cuda", GDN_BACKEND_CUDA, cuda_alloc, cuda_
 static const backend *be;
 
 /* a device copy of n bytes of host memory */
-static void *dev_copy(const void *host, size_t n) {
+static void *dev_copy(const void *host, size_t n) {   /* NULL for NULL: an input no chosen op reads */
+    if (!host) return NULL;
     void *d = be->alloc(n);
     be->upload(d, host, n);
     return d;
@@ -672,6 +691,12 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* a step that took seconds says so on stderr (large shapes take a while) */
+static void progress(const char *what, double t0_ms) {
+    const double s = (now_ms() - t0_ms) * 1e-3;
+    if (s >= 2.0) fprintf(stderr, "gdn: %s made and checked on the host in %.1f s\n", what, s);
+}
+
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -748,25 +773,28 @@ static double *to_double(gdn_dtype t, const void *p, size_t n) {
     return d;
 }
 
-static void refs_compute(const gdn_config *c, const inputs *host, refs *r) {
+static void refs_compute(const gdn_config *c, int bwd, const inputs *host, refs *r) {
     const sizes s = sizes_of(c);
     const int fused = (c->flags & GDN_GATE_FUSED) != 0;
     double *q = to_double(c->dtype, host->q, s.nqk), *k = to_double(c->dtype, host->k, s.nqk),
            *v = to_double(c->dtype, host->v, s.nv), *g = to_double(c->gate_dtype, host->g, s.ng),
-           *b = to_double(c->gate_dtype, host->beta, s.ng), *dout = to_double(c->dtype, host->dout, s.nv),
+           *b = to_double(c->gate_dtype, host->beta, s.ng),
+           *dout = bwd ? to_double(c->dtype, host->dout, s.nv) : NULL,
            *A = to_double(GDN_F32, host->A_log, (size_t)c->HV), *dtb = to_double(GDN_F32, host->dt_bias, (size_t)c->HV),
-           *h0 = to_double(GDN_F32, host->h0, s.nst), *dht = to_double(GDN_F32, host->dht, s.nst);
+           *h0 = to_double(GDN_F32, host->h0, s.nst), *dht = bwd ? to_double(GDN_F32, host->dht, s.nst) : NULL;
     gdn_ref_inputs in = {q, k, v, g, b, fused ? A : NULL, fused ? dtb : NULL, h0};
     r->o = dalloc(s.nv); r->ht = dalloc(s.nst);
     gdn_ref_fwd(c, &in, r->o, r->ht);
-    r->dq = dalloc(s.nqk); r->dk = dalloc(s.nqk); r->dv = dalloc(s.nv); r->dg = dalloc(s.ng);
-    r->db = dalloc(s.ng); r->dA = dalloc((size_t)c->HV); r->ddt = dalloc((size_t)c->HV); r->dh0 = dalloc(s.nst);
-    gdn_ref_bwd(c, &in, dout, dht, r->dq, r->dk, r->dv, r->dg, r->db, r->dA, r->ddt, r->dh0);
+    if (bwd) {
+        r->dq = dalloc(s.nqk); r->dk = dalloc(s.nqk); r->dv = dalloc(s.nv); r->dg = dalloc(s.ng);
+        r->db = dalloc(s.ng); r->dA = dalloc((size_t)c->HV); r->ddt = dalloc((size_t)c->HV); r->dh0 = dalloc(s.nst);
+        gdn_ref_bwd(c, &in, dout, dht, r->dq, r->dk, r->dv, r->dg, r->db, r->dA, r->ddt, r->dh0);
+    }
     /* dA_log = sum_t da_t * softplus(x_t) / softplus'(x_t), ddt_bias = sum_t da_t:
      * sums whose terms cancel, measured against the size of the terms */
     r->dA_terms2 = dalloc((size_t)c->HV); r->ddt_terms2 = dalloc((size_t)c->HV);
     for (int j = 0; j < c->HV; j++) r->dA_terms2[j] = r->ddt_terms2[j] = 0;
-    if (fused) {
+    if (fused && bwd) {
         for (size_t i = 0; i < s.ng; i++) {
             const int j = (int)(i % (size_t)c->HV);
             const double x = g[i] + dtb[j];
@@ -1145,37 +1173,45 @@ static double check_op(int op, call *c, const refs *r, const lrefs *lr, gdn_stat
 /* random inputs like the tests': k rows of norm ~1 when the kernel does not
  * normalise (else the recurrence is not contractive), raw gates around 0,
  * A_log in log(1..16) */
-static void inputs_random(const gdn_config *c, inputs *h) {
+static void inputs_random(const gdn_config *c, int bwd, inputs *h) {
     const sizes s = sizes_of(c);
     const gdn_dtype dt = c->dtype, gt = c->gate_dtype;
     const unsigned f = c->flags;
     h->q = xmalloc(s.nqk * gdn_dtype_size(dt)); h->k = xmalloc(s.nqk * gdn_dtype_size(dt));
-    h->v = xmalloc(s.nv * gdn_dtype_size(dt)); h->dout = xmalloc(s.nv * gdn_dtype_size(dt));
+    h->v = xmalloc(s.nv * gdn_dtype_size(dt));
     h->g = xmalloc(s.ng * gdn_dtype_size(gt)); h->beta = xmalloc(s.ng * gdn_dtype_size(gt));
     h->A_log = xmalloc(sizeof(float) * (size_t)c->HV); h->dt_bias = xmalloc(sizeof(float) * (size_t)c->HV);
-    h->h0 = xmalloc(sizeof(float) * s.nst); h->dht = xmalloc(sizeof(float) * s.nst);
-    for (size_t i = 0; i < s.nqk; i++) store(dt, h->q, i, (float)rng_normal());
-    float *row = xmalloc(sizeof(float) * (size_t)c->K);
+    h->h0 = xmalloc(sizeof(float) * s.nst);
+    fill(dt, h->q, s.nqk, R_NORMAL, 1, 0);
     const double target = dt == GDN_F32 ? 1.0 : 0.99;   /* rounding must not push |k| over 1 */
-    for (size_t rw = 0; rw < s.nqk / (size_t)c->K; rw++) {
+    const uint64_t kkey = rng_key();
+    const int K = c->K;
+    #pragma omp parallel for schedule(static)
+    for (size_t rw = 0; rw < s.nqk / (size_t)K; rw++) {
         double ss = 0;
-        for (int i = 0; i < c->K; i++) { row[i] = (float)rng_normal(); ss += (double)row[i] * row[i]; }
-        for (int i = 0; i < c->K; i++)
-            store(dt, h->k, rw * c->K + i, (f & GDN_QK_L2NORM) ? row[i] : (float)(row[i] * target / sqrt(ss)));
+        for (int i = 0; i < K; i++) {
+            const float x = (float)normal_at(kkey, rw * K + i);
+            ss += (double)x * x;
+        }
+        for (int i = 0; i < K; i++) {
+            const float x = (float)normal_at(kkey, rw * K + i);
+            store(dt, h->k, rw * K + i, (f & GDN_QK_L2NORM) ? x : (float)(x * target / sqrt(ss)));
+        }
     }
-    free(row);
-    for (size_t i = 0; i < s.nv; i++) store(dt, h->v, i, (float)rng_normal());
-    for (size_t i = 0; i < s.nv; i++) store(dt, h->dout, i, (float)rng_normal());
-    for (size_t i = 0; i < s.ng; i++)
-        store(gt, h->g, i, (float)((f & GDN_GATE_FUSED) ? rng_normal() : logsigmoid(rng_normal())));
-    for (size_t i = 0; i < s.ng; i++)
-        store(gt, h->beta, i, (float)((f & GDN_BETA_SIGMOID) ? rng_normal() : rng_uniform()));
+    fill(dt, h->v, s.nv, R_NORMAL, 1, 0);
+    fill(gt, h->g, s.ng, (f & GDN_GATE_FUSED) ? R_NORMAL : R_LOGSIG_NORMAL, 1, 0);
+    fill(gt, h->beta, s.ng, (f & GDN_BETA_SIGMOID) ? R_NORMAL : R_UNIFORM, 1, 0);
     for (int j = 0; j < c->HV; j++) {
         h->A_log[j] = (float)log(1.0 + 15.0 * rng_uniform());
         h->dt_bias[j] = (float)(0.5 * rng_normal());
     }
-    for (size_t i = 0; i < s.nst; i++) h->h0[i] = (float)rng_normal();
-    for (size_t i = 0; i < s.nst; i++) h->dht[i] = (float)rng_normal();
+    fill(GDN_F32, h->h0, s.nst, R_NORMAL, 1, 0);
+    if (bwd) {   /* the backward's inputs only where it runs */
+        h->dout = xmalloc(s.nv * gdn_dtype_size(dt));
+        h->dht = xmalloc(sizeof(float) * s.nst);
+        fill(dt, h->dout, s.nv, R_NORMAL, 1, 0);
+        fill(GDN_F32, h->dht, s.nst, R_NORMAL, 1, 0);
+    }
 }
 
 static void inputs_upload(const gdn_config *c, const inputs *h, inputs *d) {
@@ -1197,7 +1233,7 @@ static void inputs_free(inputs *x, void (*release)(void *)) {
 /* the GDN layer pieces' inputs, for the full call: like the tests', raw
  * gates and projections N(0,1), decode states 0.3 N(0,1), conv weights
  * 0.5 N(0,1) and biases 0.1 N(0,1), norm weights 1 + 0.1 N(0,1) */
-static void layer_inputs_random(const call *c, layer_in *h) {
+static void layer_inputs_random(const call *c, unsigned ops, layer_in *h) {
     const gdn_dtype dt = c->cfg.dtype;
     const gdn_decode_config *dc = &c->dec;
     const size_t dB = (size_t)dc->B, D = (size_t)gdn_decode_dim(dc), HV = (size_t)dc->HV,
@@ -1205,37 +1241,53 @@ static void layer_inputs_random(const call *c, layer_in *h) {
                  nx = (size_t)(c->conv.B * c->conv.T) * D, nst = (size_t)gdn_conv1d_seqs(&c->conv) * D * CONV_W,
                  nn = (size_t)c->norm.rows * c->norm.V, V = (size_t)c->norm.V;
     memset(h, 0, sizeof *h);
-    h->mqkv = xmalloc(dB * D * gdn_dtype_size(dt));
-    h->da = xmalloc(dB * HV * gdn_dtype_size(dt)); h->db = xmalloc(dB * HV * gdn_dtype_size(dt));
-    h->A_log = xmalloc(sizeof(float) * HV); h->dt_bias = xmalloc(sizeof(float) * HV);
-    h->pool = xmalloc(sizeof(float) * npool); h->cpool = xmalloc(sizeof(float) * ncpool);
-    h->slots = xmalloc(sizeof(int32_t) * dB);
-    h->x = xmalloc(nx * gdn_dtype_size(dt)); h->dy = xmalloc(nx * gdn_dtype_size(dt));
-    h->cw = xmalloc(sizeof(float) * D * CONV_W); h->cb = xmalloc(sizeof(float) * D);
-    h->h0 = xmalloc(sizeof(float) * nst); h->dht = xmalloc(sizeof(float) * nst);
-    h->nx = xmalloc(nn * gdn_dtype_size(dt)); h->nz = xmalloc(nn * gdn_dtype_size(dt));
-    h->ndy = xmalloc(nn * gdn_dtype_size(dt)); h->nw = xmalloc(sizeof(float) * V);
-    for (size_t i = 0; i < dB * D; i++) store(dt, h->mqkv, i, (float)rng_normal());
-    for (size_t i = 0; i < dB * HV; i++) store(dt, h->da, i, (float)rng_normal());
-    for (size_t i = 0; i < dB * HV; i++) store(dt, h->db, i, (float)rng_normal());
-    for (size_t j = 0; j < HV; j++) {
-        h->A_log[j] = (float)log(1.0 + 15.0 * rng_uniform());
-        h->dt_bias[j] = (float)(0.5 * rng_normal());
+    const size_t ds = gdn_dtype_size(dt);
+    /* only what the chosen ops read (the others stay NULL) */
+    const int dec = (ops & (1u << OP_DECODE | 1u << OP_DECODE_CONV)) != 0, dconv = (ops & 1u << OP_DECODE_CONV) != 0,
+              conv = (ops & (1u << OP_CONV_FWD | 1u << OP_CONV_BWD)) != 0,
+              norm = (ops & (1u << OP_NORM_FWD | 1u << OP_NORM_BWD)) != 0;
+    if (dec) {
+        h->mqkv = xmalloc(dB * D * ds);
+        h->da = xmalloc(dB * HV * ds); h->db = xmalloc(dB * HV * ds);
+        h->A_log = xmalloc(sizeof(float) * HV); h->dt_bias = xmalloc(sizeof(float) * HV);
+        h->pool = xmalloc(sizeof(float) * npool);
+        h->slots = xmalloc(sizeof(int32_t) * dB);
+        fill(dt, h->mqkv, dB * D, R_NORMAL, 1, 0);
+        fill(dt, h->da, dB * HV, R_NORMAL, 1, 0);
+        fill(dt, h->db, dB * HV, R_NORMAL, 1, 0);
+        for (size_t j = 0; j < HV; j++) {
+            h->A_log[j] = (float)log(1.0 + 15.0 * rng_uniform());
+            h->dt_bias[j] = (float)(0.5 * rng_normal());
+        }
+        fill(GDN_F32, h->pool, npool, R_NORMAL, 0.3, 0);
+        /* a pool of 2*dB slots: row b in slot 2*dB-1-2b (reversed, every other slot unused) */
+        for (size_t b = 0; b < dB; b++) h->slots[b] = (int32_t)(dc->num_slots - 1 - 2 * (int64_t)b);
     }
-    for (size_t i = 0; i < npool; i++) h->pool[i] = (float)(0.3 * rng_normal());
-    for (size_t i = 0; i < ncpool; i++) h->cpool[i] = (float)rng_normal();
-    /* a pool of 2*dB slots: row b in slot 2*dB-1-2b (reversed, every other slot unused) */
-    for (size_t b = 0; b < dB; b++) h->slots[b] = (int32_t)(dc->num_slots - 1 - 2 * (int64_t)b);
-    for (size_t i = 0; i < nx; i++) store(dt, h->x, i, (float)rng_normal());
-    for (size_t i = 0; i < nx; i++) store(dt, h->dy, i, (float)rng_normal());
-    for (size_t i = 0; i < D * CONV_W; i++) h->cw[i] = (float)(0.5 * rng_normal());
-    for (size_t i = 0; i < D; i++) h->cb[i] = (float)(0.1 * rng_normal());
-    for (size_t i = 0; i < nst; i++) h->h0[i] = (float)rng_normal();
-    for (size_t i = 0; i < nst; i++) h->dht[i] = (float)rng_normal();
-    for (size_t i = 0; i < nn; i++) store(dt, h->nx, i, (float)rng_normal());
-    for (size_t i = 0; i < nn; i++) store(dt, h->nz, i, (float)rng_normal());
-    for (size_t i = 0; i < nn; i++) store(dt, h->ndy, i, (float)rng_normal());
-    for (size_t i = 0; i < V; i++) h->nw[i] = (float)(1.0 + 0.1 * rng_normal());
+    if (dconv) {
+        h->cpool = xmalloc(sizeof(float) * ncpool);
+        fill(GDN_F32, h->cpool, ncpool, R_NORMAL, 1, 0);
+    }
+    if (conv) {
+        h->x = xmalloc(nx * ds); h->dy = xmalloc(nx * ds);
+        h->h0 = xmalloc(sizeof(float) * nst); h->dht = xmalloc(sizeof(float) * nst);
+        fill(dt, h->x, nx, R_NORMAL, 1, 0);
+        fill(dt, h->dy, nx, R_NORMAL, 1, 0);
+        fill(GDN_F32, h->h0, nst, R_NORMAL, 1, 0);
+        fill(GDN_F32, h->dht, nst, R_NORMAL, 1, 0);
+    }
+    if (conv || dconv) {
+        h->cw = xmalloc(sizeof(float) * D * CONV_W); h->cb = xmalloc(sizeof(float) * D);
+        fill(GDN_F32, h->cw, D * CONV_W, R_NORMAL, 0.5, 0);
+        fill(GDN_F32, h->cb, D, R_NORMAL, 0.1, 0);
+    }
+    if (norm) {
+        h->nx = xmalloc(nn * ds); h->nz = xmalloc(nn * ds);
+        h->ndy = xmalloc(nn * ds); h->nw = xmalloc(sizeof(float) * V);
+        fill(dt, h->nx, nn, R_NORMAL, 1, 0);
+        fill(dt, h->nz, nn, R_NORMAL, 1, 0);
+        fill(dt, h->ndy, nn, R_NORMAL, 1, 0);
+        fill(GDN_F32, h->nw, V, R_NORMAL, 0.1, 1.0);
+    }
 }
 
 static void layer_inputs_upload(const call *c, const layer_in *h, layer_in *d) {
@@ -1526,9 +1578,12 @@ int main(int argc, char **argv) {
     refs r;
     memset(&r, 0, sizeof r);
     if (o.ops & core_ops) {
-        inputs_random(c, &host);
+        const int bwd = (o.ops & 1u << OP_CHUNK_FWDBWD) != 0;
+        const double t0 = now_ms();
+        inputs_random(c, bwd, &host);
         inputs_upload(c, &host, &dev);
-        refs_compute(cs, &host, &r);   /* the slice reads a prefix of each host tensor */
+        refs_compute(cs, bwd, &host, &r);
+        progress("inputs of the gated delta rule", t0);   /* the slice reads a prefix of each host tensor */
         outputs_alloc(&slice);
         outputs_alloc(&full);
     }
@@ -1539,9 +1594,11 @@ int main(int argc, char **argv) {
     memset(&lr, 0, sizeof lr);
     lay_host = &lhost;
     if (layer_ops) {
-        layer_inputs_random(&full, &lhost);
+        const double t0 = now_ms();
+        layer_inputs_random(&full, layer_ops, &lhost);
         layer_inputs_upload(&full, &lhost, &ldev);
-        lrefs_compute(&slice, &lhost, layer_ops, &lr);   /* the slice reads a prefix of each host tensor */
+        lrefs_compute(&slice, &lhost, layer_ops, &lr);
+        progress("inputs of the layer pieces", t0);   /* the slice reads a prefix of each host tensor */
         layer_outputs_alloc(&slice);
         layer_outputs_alloc(&full);
     }
