@@ -10,8 +10,10 @@ and a SiLU MLP with pre-norms, a final norm and the embedding as output
 head. --kernel torch runs the same model, parameters and data on
 gdn.torch_ref (plain torch ops), to compare; --kernel both runs the two.
 
-    python examples/train_mqar.py                          # about 20 s on 2 CPU cores
-    python examples/train_mqar.py --steps 600 --kernel both --plot docs/mqar.png
+    python examples/train_mqar.py                          # ~45 s on 2 CPU cores, recall ~100%
+    python examples/train_mqar.py --kernel both --plot docs/mqar.png   # ~3 min: + gdn.torch_ref
+    python examples/train_mqar.py --kernel both --steps 100 --seq-len 16 --pairs 4 --keys 8 \
+        --values 8 --d-model 64 --head-dim 32      # ~20 s, python/tests/test_train_mqar.py's run
 
 Prints progress (loss, recall accuracy, tokens/s; a bar where tqdm is
 installed), a table at the end, and a few queries answered one token at a
@@ -71,7 +73,10 @@ class Model(nn.Module):
         self.norm = nn.RMSNorm(d)
         with torch.no_grad():
             self.emb.weight.normal_(0, 0.02)
-            for blk in self.blocks:   # time steps dt log-uniform in [1e-3, 1e-1], as FLA and Mamba2 start
+            # time steps dt log-uniform in [1e-3, 1e-1], as FLA and Mamba2 start: the layer's own dt_bias = 1
+            # decays the state by exp(-A softplus(1)) per token, A up to 16, so most heads forget at once and
+            # recall is learned late or not at all within a few hundred steps
+            for blk in self.blocks:
                 dt = torch.exp(torch.rand(heads, generator=gen) * math.log(100) + math.log(1e-3))
                 blk.mix.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))   # softplus(dt_bias) = dt
 
@@ -90,6 +95,15 @@ def build_model(args, kernel):
     return Model(vocab, args.d_model, args.layers, args.heads, args.head_dim, kernel, gen).to(args.device)
 
 
+def lr_factor(step, warmup, steps):
+    """The learning rate of step (from 0) over the peak: a linear rise over warmup steps, then a
+    cosine from 1 down to 0.1 at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    done = (step + 1 - warmup) / max(1, steps - warmup)
+    return 0.55 + 0.45 * math.cos(math.pi * min(1.0, done))
+
+
 def train(args, kernel):
     """Returns (losses, accuracies, tokens/s, model): one loss and accuracy per step."""
     dev = torch.device(args.device)
@@ -97,9 +111,7 @@ def train(args, kernel):
     model = build_model(args, kernel)
     vocab = model.emb.num_embeddings
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = max(1, args.warmup)   # linear warm-up, then cosine down to a tenth
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warm, 0.55 + 0.45 * math.cos(
-        math.pi * min(1.0, max(0, s + 1 - warm) / max(1, args.steps - warm)))))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, args.warmup, args.steps))
     gen = torch.Generator().manual_seed(args.seed + 1)
     losses, accs = [], []
     bar = tqdm(range(args.steps), desc=kernel, leave=False) if tqdm and not args.quiet else range(args.steps)
@@ -132,7 +144,8 @@ def train(args, kernel):
 def generate_check(args, model, rows=4):
     """Fresh sequences: the first half as one prefill into a cache, then one token at a time (the
     decode step), against a full prefill of the whole sequence. Returns (max |decode - prefill| logit,
-    max |prefill logit|, decode's recall accuracy, [(key, value, answer)] of row 0's first queries)."""
+    max |prefill logit|, decode's recall accuracy, row 0's key-value pairs, [(key, value, answer)] of
+    row 0's first queries)."""
     dev = torch.device(args.device)
     gen = torch.Generator().manual_seed(args.seed + 2)
     x, y = mqar_batch(gen, rows, args.seq_len, args.pairs, args.keys, args.values, dev)
@@ -149,22 +162,34 @@ def generate_check(args, model, rows=4):
     acc = (dec.argmax(-1)[late] == y[late]).float().mean().item()
     shown = late[0].nonzero().flatten()[:4].tolist()
     examples = [(x[0, t].item(), y[0, t].item(), dec[0, t].argmax().item()) for t in shown]
-    return diff, full.abs().max().item(), acc, examples
+    return diff, full.abs().max().item(), acc, x[0, :2 * args.pairs].tolist(), examples
+
+
+def token_name(t, n_keys):
+    """k1.. for keys, v1.. for values (0 is the unused token)."""
+    return f"k{t}" if 0 < t <= n_keys else f"v{t - n_keys}" if t > n_keys else "<0>"
 
 
 def plot(path, runs, chance, title):
+    """Loss and accuracy per step of each kernel; with two kernels, a third panel: their loss difference."""
     import matplotlib   # only here: the script runs without it
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    both = len(runs) == 2
+    fig, axes = plt.subplots(1, 3 if both else 2, figsize=(12 if both else 8.5, 3.3))
     for k, r in runs.items():
         style = dict(lw=1.0, ls="-" if k == "gdn" else "--", label=f"{k} (final acc {r['final_acc']:.2f})")
-        ax1.plot(r["loss"], **style)
-        ax2.plot(r["acc"], **style)
-    ax1.set(xlabel="step", ylabel="cross-entropy", title="training loss", yscale="log")
-    ax2.axhline(chance, color="gray", lw=0.8, ls=":", label=f"chance {chance:.3f}")
-    ax2.set(xlabel="step", ylabel="recall accuracy", title="recall accuracy", ylim=(0, 1))
-    ax1.legend(fontsize=8), ax2.legend(fontsize=8, loc="lower right")
+        axes[0].plot(r["loss"], **style)
+        axes[1].plot(r["acc"], **style)
+    axes[0].set(xlabel="step", ylabel="cross-entropy", title="training loss", yscale="log")
+    axes[1].axhline(chance, color="gray", lw=0.8, ls=":", label=f"chance {chance:.3f}")
+    axes[1].set(xlabel="step", ylabel="recall accuracy", title="recall accuracy", ylim=(0, 1.02))
+    axes[0].legend(fontsize=8), axes[1].legend(fontsize=8, loc="center right")
+    if both:
+        a, b = runs["gdn"]["loss"], runs["torch"]["loss"]
+        rel = [abs(x - y) / abs(y) if x != y else float("nan") for x, y in zip(a, b)]   # equal: no point
+        axes[2].plot(rel, ".", ms=2.5, color="k")
+        axes[2].set(xlabel="step", ylabel="|gdn - torch| / torch", title="relative loss difference", yscale="log")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -173,23 +198,29 @@ def plot(path, runs, chance, title):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast of the forward")
-    p.add_argument("--kernel", default="gdn", choices=["gdn", "torch", "both"])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--seq-len", type=int, default=32, help="pairs, then queries to the end")
-    p.add_argument("--pairs", type=int, default=8, help="key-value pairs at the start of each sequence")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--keys", type=int, default=16, help="key vocabulary")
-    p.add_argument("--values", type=int, default=16, help="value vocabulary")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup", type=int, default=20, help="steps of linear warm-up; then cosine to lr / 10")
-    p.add_argument("--seed", type=int, default=0, help="parameters and data")
-    p.add_argument("--plot", default=None, metavar="FILE", help="PNG of the loss and accuracy curves (needs matplotlib)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default %(default)s)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                   help="bf16: autocast of the forward (default %(default)s)")
+    p.add_argument("--kernel", default="gdn", choices=["gdn", "torch", "both"],
+                   help="gdn: the library; torch: gdn.torch_ref; both: the two, compared (default %(default)s)")
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=32, help="pairs, then queries to the end (default %(default)s)")
+    p.add_argument("--pairs", type=int, default=8,
+                   help="key-value pairs at the start of each sequence (default %(default)s)")
+    p.add_argument("--batch", type=int, default=64, help="sequences per step (default %(default)s)")
+    p.add_argument("--keys", type=int, default=16, help="key vocabulary (default %(default)s)")
+    p.add_argument("--values", type=int, default=16, help="value vocabulary (default %(default)s)")
+    p.add_argument("--d-model", type=int, default=128, help="model width (default %(default)s)")
+    p.add_argument("--layers", type=int, default=2, help="blocks (default %(default)s)")
+    p.add_argument("--heads", type=int, default=2,
+                   help="GatedDeltaNet heads, as many key as value heads (default %(default)s)")
+    p.add_argument("--head-dim", type=int, default=64, help="key and value head size (default %(default)s)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="steps of linear warm-up, then a cosine to lr / 10 (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="parameters and data (default %(default)s)")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="PNG of the loss and accuracy curves (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p.parse_args(argv)
 
@@ -197,8 +228,9 @@ def parse_args(argv=None):
 def main(argv=None):
     """Runs the script on argv (a list of flags; None: sys.argv). Returns a dict: the arguments,
     chance, per kernel its per-step losses and accuracies, final loss and accuracy (means over the
-    last tenth of the steps), tokens/s and decode check; with two kernels their largest per-step
-    relative loss difference."""
+    last tenth of the steps), tokens/s and decode check (largest |decode - prefill| logit, recall
+    by decode, row 0's pairs and queries); with two kernels the largest per-step relative and
+    absolute difference of their losses."""
     args = parse_args(argv)
     kernels = ["gdn", "torch"] if args.kernel == "both" else [args.kernel]
     chance = 1.0 / args.values
@@ -206,11 +238,11 @@ def main(argv=None):
     for k in kernels:
         losses, accs, tps, model = train(args, k)
         tail = max(1, len(accs) // 10)
-        diff, scale, dec_acc, examples = generate_check(args, model)
+        diff, scale, dec_acc, context, examples = generate_check(args, model)
         out["runs"][k] = {"loss": losses, "acc": accs, "tokens_per_s": tps,
                           "final_loss": sum(losses[-tail:]) / tail, "final_acc": sum(accs[-tail:]) / tail,
                           "decode_max_abs_diff": diff, "prefill_max_abs_logit": scale, "decode_acc": dec_acc,
-                          "examples": examples}
+                          "context": context, "examples": examples}
     print(f"\nMQAR seq_len {args.seq_len}, {args.pairs} pairs, {args.keys} keys, {args.values} values "
           f"(chance {chance:.3f}); {args.layers} layers d_model {args.d_model}, {args.steps} steps, "
           f"batch {args.batch}, {args.device} {args.dtype}")
@@ -221,17 +253,20 @@ def main(argv=None):
     if len(kernels) == 2:
         a, b = out["runs"]["gdn"]["loss"], out["runs"]["torch"]["loss"]
         out["max_rel_loss_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
-        print(f"largest relative loss difference between the kernels over {len(a)} steps: "
-              f"{out['max_rel_loss_diff']:.2e}")
+        out["max_abs_loss_diff"] = max(abs(x - y) for x, y in zip(a, b))
+        print(f"loss difference between the kernels, largest over {len(a)} steps: relative "
+              f"{out['max_rel_loss_diff']:.2e}, absolute {out['max_abs_loss_diff']:.2e}")
     for k, r in out["runs"].items():
         print(f"{k}: cached decode vs prefill logits: max difference {r['decode_max_abs_diff']:.2e} "
               f"(largest logit {r['prefill_max_abs_logit']:.1f}); recall by decode {r['decode_acc']:.3f}")
+        name = lambda t: token_name(t, args.keys)   # noqa: E731
+        print("  pairs: " + " ".join(f"{name(a)}:{name(b)}" for a, b in zip(r["context"][::2], r["context"][1::2])))
         for key, want, got in r["examples"]:
-            print(f"  query k{key}: value v{want - args.keys}, answered v{got - args.keys} "
-                  f"{'ok' if want == got else 'wrong'}")
+            print(f"  query {name(key)}: value {name(want)}, answered {name(got)} {'ok' if want == got else 'wrong'}")
     if args.plot:
-        title = (f"MQAR, {args.pairs} pairs of {args.keys} keys / {args.values} values, seq_len {args.seq_len}, "
-                 f"{args.layers} GatedDeltaNet layers d_model {args.d_model}, {args.device} {args.dtype}")
+        title = (f"MQAR: {args.pairs} pairs of {args.keys} keys / {args.values} values, seq_len {args.seq_len}; "
+                 f"{args.layers} GatedDeltaNet layers, d_model {args.d_model}; batch {args.batch}, lr {args.lr:g}; "
+                 f"{args.device} {args.dtype}")
         plot(args.plot, out["runs"], chance, title)
         print(f"plot: {args.plot}")
     return out
