@@ -1188,15 +1188,14 @@ static void inputs_random(const gdn_config *c, int bwd, inputs *h) {
     const int K = c->K;
     #pragma omp parallel for schedule(static)
     for (size_t rw = 0; rw < s.nqk / (size_t)K; rw++) {
+        float row[256];   /* K <= 256 (--K) */
         double ss = 0;
         for (int i = 0; i < K; i++) {
-            const float x = (float)normal_at(kkey, rw * K + i);
-            ss += (double)x * x;
+            row[i] = (float)normal_at(kkey, rw * K + i);
+            ss += (double)row[i] * row[i];
         }
-        for (int i = 0; i < K; i++) {
-            const float x = (float)normal_at(kkey, rw * K + i);
-            store(dt, h->k, rw * K + i, (f & GDN_QK_L2NORM) ? x : (float)(x * target / sqrt(ss)));
-        }
+        for (int i = 0; i < K; i++)
+            store(dt, h->k, rw * K + i, (f & GDN_QK_L2NORM) ? row[i] : (float)(row[i] * target / sqrt(ss)));
     }
     fill(dt, h->v, s.nv, R_NORMAL, 1, 0);
     fill(gt, h->g, s.ng, (f & GDN_GATE_FUSED) ? R_NORMAL : R_LOGSIG_NORMAL, 1, 0);
