@@ -11,7 +11,7 @@
  */
 #ifndef GDN_CPU_CHUNK_H
 #define GDN_CPU_CHUNK_H
-#include "internal.h"
+#include "common/common.h"
 
 #define CS GDN_CHUNK
 

@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 #include "cpu/chunk.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/gemm.h"
 #include "cpu/load.h"
 

@@ -29,7 +29,7 @@ enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 #define INLINE static inline __attribute__((always_inline))
 
 
-/* ---- rows of one channel block, converted to / from f32 (cpu/convert.c) ---- */
+/* ---- rows of one channel block, converted to / from f32 (common/convert.c) ---- */
 
 static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) { gdn_load(t, src, off, dst, n); }
 static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) { gdn_store(t, dst, off, src, n); }

@@ -1,10 +1,10 @@
 /* CPU causal depthwise conv1d (cpu/conv1d.c). Inputs are validated by
- * api_conv1d.c; N is the number of sequences (num_seqs with cu_seqlens,
+ * api/conv1d.c; N is the number of sequences (num_seqs with cu_seqlens,
  * else B). */
 #ifndef GDN_CPU_CONV1D_H
 #define GDN_CPU_CONV1D_H
 
-#include "internal.h"
+#include "common/common.h"
 
 /* returns nonzero when out of memory (before anything is written) */
 int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_args *a);

@@ -2,7 +2,7 @@
  * backward:         da = dg * -exp(A_log[j]) * softplus'(a + dt_bias[j]),
  *                   dA_log[j] = sum dg*g,  ddt_bias[j] = sum da.
  * softplus'(x) = sigmoid(x), and 1 for x > 20 where softplus(x) = x. */
-#include "internal.h"
+#include "cpu/cpu_backend.h"
 
 void gdn_cpu_gate_fwd(int threads, int64_t rows, int HV, gdn_dtype t, const void *a,
                       const float *A_log, const float *dt_bias, float *g) {

@@ -1,7 +1,7 @@
 /* Standalone L2 norm per row:  y = x * r,  r = rsqrt(sum x^2 + 1e-6)
  * backward:  dx = r * (dy - y (y . dy)) */
 #include <stdlib.h>
-#include "internal.h"
+#include "cpu/cpu_backend.h"
 
 void gdn_cpu_l2norm_fwd(int threads, int64_t rows, int dim, gdn_dtype t, const void *x,
                         void *y, float *rstd) {

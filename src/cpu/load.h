@@ -4,7 +4,7 @@
  * see bit-identical inputs. */
 #ifndef GDN_CPU_LOAD_H
 #define GDN_CPU_LOAD_H
-#include "internal.h"
+#include "common/common.h"
 
 /* Rows r0..r0+c-1 of q or k, head h, into dst [c, K]. With GDN_QK_L2NORM:
  * if rstd_in is given, multiply by it (backward), else compute the rstd,

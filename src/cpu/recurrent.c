@@ -5,6 +5,7 @@
  * row (gdn_delta_row) vectorised over K. No transpose either way. */
 #include <stdlib.h>
 #include <string.h>
+#include "cpu/cpu_backend.h"
 #include "cpu/gemm.h"
 #include "cpu/load.h"
 

@@ -1,7 +1,7 @@
-/* Gated RMSNorm on the CPU (called by api_rmsnorm.c on validated input). */
+/* Gated RMSNorm on the CPU (called by api/rmsnorm.c on validated input). */
 #ifndef GDN_CPU_RMSNORM_H
 #define GDN_CPU_RMSNORM_H
-#include "internal.h"
+#include "common/common.h"
 
 /* Rows per block of the dw reduction: fixed, never derived from the thread
  * count, so dw has the same bits for every thread count. */

@@ -2,7 +2,7 @@
  * pointers, the caller's stream; inputs already validated. */
 #ifndef GDN_CUDA_BACKEND_H
 #define GDN_CUDA_BACKEND_H
-#include "internal.h"
+#include "common/common.h"
 #ifdef __cplusplus
 extern "C" {
 #endif

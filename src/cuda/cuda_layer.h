@@ -8,7 +8,7 @@
  * partials in a fixed order (cuda/cluster_sum.cuh). */
 #ifndef GDN_CUDA_LAYER_H
 #define GDN_CUDA_LAYER_H
-#include "internal.h"
+#include "common/common.h"
 #ifdef __cplusplus
 extern "C" {
 #endif

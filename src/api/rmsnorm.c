@@ -7,7 +7,7 @@
  *
  * CUDA: forward and backward (device pointers, gdn_exec.stream). */
 #include <math.h>
-#include "internal.h"
+#include "api/api.h"
 #include "cpu/rmsnorm.h"
 #ifdef GDN_HAVE_CUDA
 #include "cuda/cuda_layer.h"

@@ -1,5 +1,5 @@
 /* Causal depthwise conv1d (DESIGN.md §4 item 4): validation and dispatch, with
- * the conventions of api.c: every check runs before any output is written,
+ * the conventions of core.c: every check runs before any output is written,
  * each failure names the values; the backend then assumes valid input.
  *
  * Pointers: weight is always required (forward, backward, update). With
@@ -13,7 +13,7 @@
  * update's slots are then device memory,
  * which the host cannot read without a sync: they are not checked here, and
  * the kernel treats a slot outside -1..num_slots-1 as padding. */
-#include "internal.h"
+#include "api/api.h"
 #include "cpu/conv1d.h"
 #ifdef GDN_HAVE_CUDA
 #include "cuda/cuda_layer.h"
@@ -37,7 +37,7 @@ static gdn_status check_common(const gdn_exec *ex, const gdn_conv1d_config *cfg,
     return GDN_OK;
 }
 
-/* Forward / backward config: T, cu_seqlens (as make_plan in api.c); N out. */
+/* Forward / backward config: T, cu_seqlens (as gdn_make_plan in core.c); N out. */
 static gdn_status check_seq(const gdn_exec *ex, const gdn_conv1d_config *c, int *threads, int64_t *N) {
     gdn_status s = check_common(ex, c, threads);
     if (s) return s;

@@ -1,6 +1,9 @@
-/* Shared between the API layer and the backends. Not installed. */
-#ifndef GDN_INTERNAL_H
-#define GDN_INTERNAL_H
+/* What the API layer and the backends share, below both (not installed):
+ * error reporting, dtype conversion, a validated call as the backends see it
+ * (gdn_plan), the saved-for-backward layout, FTZ and fp32 scalar math.
+ * Nothing here validates input; that is the API layer's (src/api/). */
+#ifndef GDN_COMMON_H
+#define GDN_COMMON_H
 
 #include <stdint.h>
 #include <stddef.h>
@@ -13,30 +16,16 @@
 extern "C" {
 #endif
 
-/* ---- errors (api.c) ---- */
+/* ---- errors (common/status.c) ---- */
 gdn_status gdn_fail(gdn_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-
-/* Validation helpers of the API layer: fail with a message unless cond. */
-#define GDN_CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
-#define GDN_NEED(ptr, what) GDN_CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
-static inline int gdn_valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
-/* H, HV >= 1, HV a multiple of H, K and V in 1..256 */
-gdn_status gdn_check_heads(int H, int HV, int K, int V);
-
-/* Validate an exec (NULL = CPU, all threads) and resolve its thread count
- * (>= 1) and seq_split (may be NULL). Sets the error message on failure. */
-gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split);
-static inline gdn_backend gdn_exec_backend(const gdn_exec *ex) { return ex ? ex->backend : GDN_BACKEND_CPU; }
-#define GDN_CPU_ONLY(ex, what) GDN_CHECK(gdn_exec_backend(ex) == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED, \
-                                        "%s is not on the CUDA backend yet (CPU only)", what)
 /* Clear the last error and return GDN_OK: the end of every successful call. */
 gdn_status gdn_ok(void);
 
-/* ---- dtype conversion (cpu/convert.c) ---- */
+/* ---- dtype conversion (common/convert.c) ---- */
 float gdn_bf16_to_f32(uint16_t h);
 uint16_t gdn_f32_to_bf16(float f);   /* round to nearest even, NaN kept */
 float gdn_f16_to_f32(uint16_t h);
@@ -72,24 +61,8 @@ static inline void gdn_seq(const gdn_plan *p, int64_t n, int64_t *bos, int64_t *
 typedef struct gdn_saved_layout {
     float *rstd_q, *rstd_k;
 } gdn_saved_layout;
-size_t gdn_saved_bytes(const gdn_config *c);
+size_t gdn_saved_bytes(const gdn_config *c);   /* common/saved.c */
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved);
-
-/* ---- CPU backend (cpu/) ---- */
-size_t gdn_cpu_chunk_fwd_ws(const gdn_plan *p);
-size_t gdn_cpu_chunk_bwd_ws(const gdn_plan *p);
-void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a);
-void gdn_cpu_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a);
-void gdn_cpu_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a);
-void gdn_cpu_gate_fwd(int threads, int64_t rows, int HV, gdn_dtype t, const void *a,
-                      const float *A_log, const float *dt_bias, float *g);
-void gdn_cpu_gate_bwd(int threads, int64_t rows, int HV, gdn_dtype t, const void *a,
-                      const float *A_log, const float *dt_bias, const float *dg,
-                      void *da, float *dA_log, float *ddt_bias);
-void gdn_cpu_l2norm_fwd(int threads, int64_t rows, int dim, gdn_dtype t, const void *x,
-                        void *y, float *rstd);
-void gdn_cpu_l2norm_bwd(int threads, int64_t rows, int dim, gdn_dtype t, const void *x,
-                        const float *rstd, const void *dy, void *dx);
 
 /* Denormals flushed to zero inside the CPU kernels' threads, restored on
  * exit: a state under hard decay (g ~ -20) drifts into the denormal range,

@@ -4,7 +4,7 @@
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
-#include "internal.h"
+#include "common/common.h"
 
 static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -1,6 +1,7 @@
-/* Validation of the fused decode step (see api.c for the conventions). */
+/* Validation of the fused decode step (see core.c for the conventions). */
 #include <math.h>
 #include <stdlib.h>
+#include "api/api.h"
 #include "cpu/decode.h"
 #ifdef GDN_HAVE_CUDA
 #include "cuda/cuda_backend.h"

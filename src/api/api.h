@@ -1,0 +1,31 @@
+/* The API layer's validation helpers (src/api/): every public entry point
+ * checks all of its input with these before a backend runs or an output is
+ * written, and fails with a message naming the argument (docs/DESIGN.md §6). */
+#ifndef GDN_API_H
+#define GDN_API_H
+#include "common/common.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Validation helpers of the API layer: fail with a message unless cond. */
+#define GDN_CHECK(cond, status, ...) do { if (!(cond)) return gdn_fail(status, __VA_ARGS__); } while (0)
+#define GDN_NEED(ptr, what) GDN_CHECK((ptr) != NULL, GDN_ERR_NULL, "%s is NULL but required%s", #ptr, what)
+static inline int gdn_valid_dtype(gdn_dtype t) { return t == GDN_F32 || t == GDN_BF16 || t == GDN_F16; }
+/* H, HV >= 1, HV a multiple of H, K and V in 1..256 */
+gdn_status gdn_check_heads(int H, int HV, int K, int V);
+
+/* Validate an exec (NULL = CPU, all threads) and resolve its thread count
+ * (>= 1) and seq_split (may be NULL). Sets the error message on failure. */
+gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split);
+static inline gdn_backend gdn_exec_backend(const gdn_exec *ex) { return ex ? ex->backend : GDN_BACKEND_CPU; }
+#define GDN_CPU_ONLY(ex, what) GDN_CHECK(gdn_exec_backend(ex) == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED, \
+                                        "%s is not on the CUDA backend yet (CPU only)", what)
+
+/* Validate a gated-delta-rule config (and the exec) and resolve it into a plan. */
+gdn_status gdn_make_plan(const gdn_exec *ex, const gdn_config *cfg, gdn_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,145 @@
+/* The API layer of the chunked and recurrent forward and the chunked
+ * backward: sizes of the saved buffer and the workspaces, argument checks,
+ * dispatch to the CPU or CUDA backend. */
+#include <math.h>
+#include <string.h>
+#include "api/api.h"
+#include "cpu/cpu_backend.h"
+#ifdef GDN_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+#define CHECK GDN_CHECK
+#define NEED GDN_NEED
+#define valid_dtype gdn_valid_dtype
+#define make_plan gdn_make_plan
+
+size_t gdn_chunk_saved_size(const gdn_config *cfg) {
+    gdn_plan p;
+    if (make_plan(NULL, cfg, &p)) return 0;
+    gdn_ok();
+    return gdn_saved_bytes(cfg);
+}
+
+/* forward workspace of the backend that runs the call */
+static size_t chunk_fwd_ws(const gdn_exec *ex, const gdn_plan *p) {
+#ifdef GDN_HAVE_CUDA
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return gdn_cuda_chunk_fwd_ws(p);
+#endif
+    return gdn_exec_backend(ex) == GDN_BACKEND_CPU ? gdn_cpu_chunk_fwd_ws(p) : 0;
+}
+
+size_t gdn_chunk_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
+    gdn_plan p;
+    if (make_plan(ex, cfg, &p)) return 0;
+    gdn_ok();
+    return chunk_fwd_ws(ex, &p);
+}
+
+/* backward workspace of the backend that runs the call */
+static size_t chunk_bwd_ws(const gdn_exec *ex, const gdn_plan *p) {
+#ifdef GDN_HAVE_CUDA
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return gdn_cuda_chunk_bwd_ws(p);
+#endif
+    return gdn_exec_backend(ex) == GDN_BACKEND_CPU ? gdn_cpu_chunk_bwd_ws(p) : 0;
+}
+
+size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
+    gdn_plan p;
+    if (make_plan(ex, cfg, &p)) return 0;
+    gdn_ok();
+    return chunk_bwd_ws(ex, &p);
+}
+
+/* ---- forward ---- */
+
+static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
+    NEED(a, "");
+    const unsigned f = p->c.flags;
+    if (p->c.B * p->c.T > 0) {   /* token tensors may be NULL when there are no tokens */
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->o, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    if (chunked) {
+        size_t need = chunk_fwd_ws(ex, p);
+        CHECK(need == 0 || a->workspace, GDN_ERR_NULL, "workspace is NULL but %zu bytes are needed", need);
+        CHECK(a->workspace_bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed",
+              a->workspace_bytes, need);
+        size_t sv = gdn_saved_bytes(&p->c);
+        CHECK(!a->saved || a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
+              a->saved_bytes, sv);
+    }
+    CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p->c.cu_seqlens || p->c.cu_seqlens_dev, GDN_ERR_NULL,
+          "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+    return GDN_OK;
+}
+
+gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
+    gdn_plan p;
+    gdn_status s = make_plan(ex, cfg, &p);
+    if (!s) s = check_fwd_args(ex, &p, a, 1);
+    if (s) return s;
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_chunk_fwd(&p, a, a->workspace, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
+    gdn_cpu_chunk_fwd(&p, a);
+    return gdn_ok();
+}
+
+gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
+    gdn_plan p;
+    gdn_status s = make_plan(ex, cfg, &p);
+    if (!s) s = check_fwd_args(ex, &p, a, 0);
+    if (s) return s;
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        gdn_fwd_args ra = *a;
+        ra.saved = NULL;   /* ignored by the recurrent call; the CUDA kernel would write rstd there */
+        if ((s = gdn_cuda_recurrent_fwd(&p, &ra, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
+    gdn_cpu_recurrent_fwd(&p, a);
+    return gdn_ok();
+}
+
+/* ---- backward ---- */
+
+gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bwd_args *a) {
+    gdn_plan p;
+    gdn_status s = make_plan(ex, cfg, &p);
+    if (s) return s;
+    NEED(a, "");
+    const unsigned f = p.c.flags;
+    if (p.c.B * p.c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->dout, "");
+        NEED(a->dq, ""); NEED(a->dk, ""); NEED(a->dv, ""); NEED(a->dbeta, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+        if (a->g) NEED(a->dg, " (a gate input is given)");
+    }
+    if (f & GDN_GATE_FUSED) { NEED(a->A_log, " (GDN_GATE_FUSED is set)"); NEED(a->dA_log, " (GDN_GATE_FUSED is set)"); }
+    size_t sv = gdn_saved_bytes(&p.c);
+    if (sv && p.c.B * p.c.T > 0) {
+        NEED(a->saved, " (GDN_QK_L2NORM is set: pass what gdn_chunk_fwd saved)");
+        CHECK(a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
+              a->saved_bytes, sv);
+    }
+    size_t need = chunk_bwd_ws(ex, &p);
+    CHECK(need == 0 || a->workspace, GDN_ERR_NULL, "workspace is NULL but %zu bytes are needed", need);
+    CHECK(a->workspace_bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed",
+          a->workspace_bytes, need);
+    CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p.c.cu_seqlens || p.c.cu_seqlens_dev, GDN_ERR_NULL,
+          "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+#ifdef GDN_HAVE_CUDA
+        if ((s = gdn_cuda_chunk_bwd(&p, a, a->workspace, ex->stream))) return s;
+        return gdn_ok();
+#endif
+    }
+    gdn_cpu_chunk_bwd(&p, a);
+    return gdn_ok();
+}
