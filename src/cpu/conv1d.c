@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/conv1d.h"
-#include "cpu/gemm.h"   /* gdn_expf */
+#include "cpu/act.h"
 
 enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 
@@ -31,8 +31,22 @@ enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 
 /* ---- rows of one channel block, converted to / from f32 (common/convert.c) ---- */
 
-static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) { gdn_load(t, src, off, dst, n); }
-static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) { gdn_store(t, dst, off, src, n); }
+/* bf16 inline (the common case; a call per 64-channel row costs as much as its work), else the converters */
+static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *restrict dst, int n) {
+    if (t != GDN_BF16) { gdn_load(t, src, off, dst, n); return; }
+    const uint16_t *restrict s = (const uint16_t *)src + off;
+    for (int i = 0; i < n; i++) { const uint32_t u = (uint32_t)s[i] << 16; memcpy(dst + i, &u, 4); }
+}
+static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *restrict src, int n) {
+    if (t != GDN_BF16) { gdn_store(t, dst, off, src, n); return; }
+    uint16_t *restrict d = (uint16_t *)dst + off;
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+    }
+}
 
 /* prefetch the CB channels at element off of a dtype-t tensor */
 static inline void prefetch_row(gdn_dtype t, const void *p, int64_t off) {
@@ -72,14 +86,12 @@ INLINE void conv_z(const int W, int nb, const float *xb, const float wt[WMAX][CB
     }
 }
 
-static void silu_rows(float *z, int n) {
-    for (int i = 0; i < n; i++) z[i] = z[i] / (1.f + gdn_expf(-z[i]));
-}
+static void silu_rows(float *z, int n) { gdn_silu_rows(z, n); }
 
 /* dz = dy * act'(z), act'(z) = s (1 + z (1 - s)) for SiLU, s = sigmoid(z) */
 static void silu_grad_rows(const float *z, const float *dy, float *dz, int n) {
     for (int i = 0; i < n; i++) {
-        const float s = 1.f / (1.f + gdn_expf(-z[i]));
+        const float s = gdn_sigmoidf(z[i]);
         dz[i] = dy[i] * s * (1.f + z[i] * (1.f - s));
     }
 }

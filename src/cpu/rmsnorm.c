@@ -6,14 +6,14 @@
  *
  * Layout of the work: threads take rows (OpenMP, static), each row is loaded
  * into fp32 scratch, every loop over V is branch-free so the compiler
- * vectorises it (sums with 16 fixed partial accumulators, sigmoid with the
- * polynomial exp of cpu/gemm.h). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK, each
+ * vectorises it (sums with 16 fixed partial accumulators; the gates through
+ * cpu/act.h). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK, each
  * block sums its rows in row order into a double partial, and the partials
  * are added in block order: the bits do not depend on the thread count. */
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/rmsnorm.h"
-#include "cpu/gemm.h"   /* gdn_expf */
+#include "cpu/act.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -24,8 +24,6 @@ static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *s
 
 /* ---- math ---- */
 
-/* the sigmoid through the vectorisable exp of cpu/gemm.h */
-static inline float sigm(float z) { return 1.f / (1.f + gdn_expf(-z)); }
 
 /* sum of squares in a fixed order: 16 running partials, then a fixed tree */
 static float sum_sq(const float *restrict x, int n) {
@@ -64,10 +62,9 @@ static void fwd_rows(const gdn_rmsnorm_config *c, const void *x, const void *z, 
     load_row(c->dtype, x, r * V, xr, V);
     load_row(c->dtype, z, r * V, zr, V);
     const float rs = row_rstd(xr, V, c->eps);
-    if (c->gate == GDN_NORM_GATE_SILU)
-        for (int i = 0; i < V; i++) xr[i] = xr[i] * rs * w[i] * (zr[i] * sigm(zr[i]));
-    else
-        for (int i = 0; i < V; i++) xr[i] = xr[i] * rs * w[i] * sigm(zr[i]);
+    if (c->gate == GDN_NORM_GATE_SILU) gdn_silu_rows(zr, V);
+    else for (int i = 0; i < V; i++) zr[i] = gdn_sigmoidf(zr[i]);
+    for (int i = 0; i < V; i++) xr[i] = xr[i] * rs * w[i] * zr[i];
     store_row(c->dtype, y, r * V, xr, V);
     if (rstd) rstd[r] = rs;
 }
@@ -101,17 +98,17 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 /* One row: dx, dz written, dy x r gate(z) added to the block's partial dwp. */
 static void bwd_row(const gdn_rmsnorm_config *c, const void *x, const void *z, const float *restrict w,
                     const float *rstd, const void *dy, void *dx, void *dz, int64_t r,
-                    float *restrict xr, float *restrict zr, float *restrict ar, double *restrict dwp) {
+                    float *restrict xr, float *restrict zr, float *restrict ar, float *restrict sr,
+                    float *restrict snr, double *restrict dwp) {
     const int V = c->V;
     load_row(c->dtype, x, r * V, xr, V);
     load_row(c->dtype, z, r * V, zr, V);
     load_row(c->dtype, dy, r * V, ar, V);
     const float rs = rstd ? rstd[r] : row_rstd(xr, V, c->eps);
     const int silu = c->gate == GDN_NORM_GATE_SILU;
+    gdn_sigmoid_pair_rows(zr, sr, snr, V);   /* sigmoid(z), sigmoid(-z) */
     for (int i = 0; i < V; i++) {
-        /* 1 - s as sigmoid(-z): formed as 1 - s it keeps only eps / (1 - s) of
-         * its digits where the gate saturates (s(1 - s) at z = 8: 1e-4) */
-        const float s = sigm(zr[i]), sn = sigm(-zr[i]);
+        const float s = sr[i], sn = snr[i];
         const float g = silu ? zr[i] * s : s;
         const float dg = silu ? s * (1.f + zr[i] * sn) : s * sn;
         const float dyx = ar[i] * (xr[i] * rs);
@@ -138,8 +135,8 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
     const int V = c->V;
     const int64_t RB = GDN_RMSNORM_ROW_BLOCK, nb = (rows + RB - 1) / RB;
     const int nt = nb == 0 ? 1 : (int64_t)threads > nb ? (int)nb : threads;
-    /* [nb, V] double partials of dw, then [nt, 3V] fp32 row scratch */
-    double *part = malloc((size_t)nb * V * sizeof(double) + (size_t)nt * 3 * V * sizeof(float));
+    /* [nb, V] double partials of dw, then [nt, 5V] fp32 row scratch */
+    double *part = malloc((size_t)nb * V * sizeof(double) + (size_t)nt * 5 * V * sizeof(float));
     if (!part) return -1;
     float *scratch = (float *)(part + (size_t)nb * V);
     #pragma omp parallel num_threads(nt)
@@ -148,7 +145,7 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *xr = scratch + (size_t)tid * 3 * V, *zr = xr + V, *ar = zr + V;
+        float *xr = scratch + (size_t)tid * 5 * V, *zr = xr + V, *ar = zr + V, *sr = ar + V, *snr = sr + V;
         const unsigned m = gdn_ftz_begin();
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < nb; b++) {
@@ -156,7 +153,7 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
             for (int i = 0; i < V; i++) dwp[i] = 0;
             const int64_t r1 = (b + 1) * RB < rows ? (b + 1) * RB : rows;
             for (int64_t r = b * RB; r < r1; r++)
-                bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, dwp);
+                bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, sr, snr, dwp);
         }
         gdn_ftz_end(m);
     }
