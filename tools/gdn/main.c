@@ -1,0 +1,222 @@
+/* gdn — run every op of the library on one shape, time it, and check it
+ * against the float64 reference. main(): the flow, from the flags through the
+ * inputs and references to the checked and timed ops and the printed results.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* a step that took seconds says so on stderr (large shapes take a while) */
+static void progress(const char *what, double t0_ms) {
+    const double s = (now_ms() - t0_ms) * 1e-3;
+    if (s >= 2.0) fprintf(stderr, "gdn: %s made and checked on the host in %.1f s\n", what, s);
+}
+
+/* For each op: the median time of a few runs after warm-up on the full shape,
+ * the rates from the FLOP and byte models of tools/flops.h, and the relative
+ * error ||out - ref|| / ||ref|| against the float64 reference on a slice of
+ * the same call (the first sequence, its first min(T, 256) tokens; with
+ * --varlen every sequence clipped to the first 256 tokens; the decode step on
+ * its first rows). The gated delta rule ops are checked against src/ref (in
+ * check.c); the GDN layer pieces (decode step, conv1d, gated RMSNorm) against
+ * plain double loops (lref.c), written from the math in gdn.h. Exits 1 when an
+ * error is over the bound of DESIGN.md §5 or a call fails, 2 on bad flags.
+ *
+ * The tensors live where the backend wants them: host memory for the CPU,
+ * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
+ */
+
+int main(int argc, char **argv) {
+    opts o;
+    const int prc = parse_args(argc, argv, &o);
+    if (prc == -1) return 0;
+    if (prc) return prc;
+
+#ifdef GDN_CLI_CUDA
+    if (!o.backend_set && gdn_backend_available(GDN_BACKEND_CUDA)) o.backend = GDN_BACKEND_CUDA;   /* the GPU when present */
+#endif
+    if (o.backend == GDN_BACKEND_CUDA) {
+        if (!gdn_backend_available(GDN_BACKEND_CUDA)) {
+            fprintf(stderr, "gdn: the CUDA backend is not available: this libgdn was built without it, or no "
+                            "CUDA device is visible. Use --backend cpu.\n");
+            return 2;
+        }
+#ifdef GDN_CLI_CUDA
+        be = &cuda_backend;
+#else
+        fprintf(stderr, "gdn: libgdn has the CUDA backend, but this gdn tool was built without device memory "
+                        "support (-DGDN_CLI_CUDA). Use --backend cpu.\n");
+        return 2;
+#endif
+    } else {
+        if (!gdn_backend_available(GDN_BACKEND_CPU)) {
+            fprintf(stderr, "gdn: the CPU backend is not available in this libgdn\n");
+            return 2;
+        }
+        be = &cpu_backend;
+    }
+    rng_seed(o.seed);
+
+    /* the full call */
+    call full;
+    memset(&full, 0, sizeof full);
+    full.ex.backend = o.backend; full.ex.threads = o.threads; full.ex.seq_split = o.seq_split;
+    gdn_config *c = &full.cfg;
+    c->B = o.B; c->T = o.T; c->H = o.H; c->HV = o.HV; c->K = o.K; c->V = o.V;
+    c->dtype = o.dtype; c->gate_dtype = o.gate_dtype; c->flags = o.flags;
+    int64_t *cu = NULL, *cu_slice = NULL;
+    void *cu_dev = NULL, *cu_slice_dev = NULL;
+    if (o.varlen) {
+        cu = xmalloc(sizeof(int64_t) * (size_t)(o.varlen + 1));
+        ragged_seqlens(o.T, o.varlen, cu);
+        c->cu_seqlens = cu; c->num_seqs = o.varlen;
+    }
+    full.sz = sizes_of(c);
+
+    /* the slice: the first sequence's first SLICE_T tokens; with varlen, every
+     * sequence clipped to the first SLICE_T tokens (a prefix of each tensor) */
+    call slice = full;
+    gdn_config *cs = &slice.cfg;
+    cs->B = 1;
+    if (o.varlen) {
+        cs->T = o.T < SLICE_T ? o.T : SLICE_T;
+        cu_slice = xmalloc(sizeof(int64_t) * (size_t)(o.varlen + 1));
+        for (int i = 0; i <= o.varlen; i++) cu_slice[i] = cu[i] < cs->T ? cu[i] : cs->T;
+        cs->cu_seqlens = cu_slice;
+    } else {
+        cs->T = o.T < SLICE_T ? o.T : SLICE_T;
+    }
+    slice.sz = sizes_of(cs);
+    if (be->id == GDN_BACKEND_CUDA && o.varlen) {
+        const size_t n = sizeof(int64_t) * (size_t)(o.varlen + 1);
+        cu_dev = dev_copy(cu, n); cu_slice_dev = dev_copy(cu_slice, n);
+        c->cu_seqlens_dev = cu_dev; cs->cu_seqlens_dev = cu_slice_dev;
+    }
+
+    /* the GDN layer pieces: the decode step on its own rows (a pool of twice
+     * as many slots); conv1d over the channels of mixed_qkv for the same
+     * tokens and sequences; the norm over every token's value heads. The slice
+     * is the same as above (decode: its first rows). */
+    const unsigned core_ops = (1u << OP_DECODE) - 1, layer_ops = o.ops & ~core_ops;
+    gdn_decode_config *dc = &full.dec;
+    dc->B = o.decode_B; dc->H = o.H; dc->HV = o.HV; dc->K = o.K; dc->V = o.V; dc->dtype = o.dtype;
+    dc->flags = o.flags & (GDN_QK_L2NORM | GDN_STATE_V_FIRST);
+    dc->num_slots = 2 * (int64_t)o.decode_B;
+    dc->conv_W = 0;
+    gdn_conv1d_config *cc = &full.conv;
+    cc->B = c->B; cc->T = c->T; cc->D = gdn_decode_dim(dc); cc->W = CONV_W;
+    cc->cu_seqlens = c->cu_seqlens; cc->num_seqs = c->num_seqs; cc->dtype = o.dtype; cc->silu = 1;
+    gdn_rmsnorm_config *nc = &full.norm;
+    nc->rows = c->B * c->T * c->HV; nc->V = o.V; nc->dtype = o.dtype; nc->eps = NORM_EPS; nc->gate = GDN_NORM_GATE_SILU;
+    slice.dec = full.dec;
+    slice.dec.B = o.decode_B < DECODE_CHECK_ROWS ? o.decode_B : DECODE_CHECK_ROWS;
+    slice.conv = full.conv;
+    slice.conv.B = cs->B; slice.conv.T = cs->T; slice.conv.cu_seqlens = cs->cu_seqlens;
+    slice.norm = full.norm;
+    slice.norm.rows = cs->B * cs->T * cs->HV;
+
+    inputs host, dev;
+    memset(&host, 0, sizeof host); memset(&dev, 0, sizeof dev);
+    refs r;
+    memset(&r, 0, sizeof r);
+    if (o.ops & core_ops) {
+        const int bwd = (o.ops & 1u << OP_CHUNK_FWDBWD) != 0;
+        const double t0 = now_ms();
+        inputs_random(c, bwd, &host);
+        inputs_upload(c, &host, &dev);
+        refs_compute(cs, bwd, &host, &r);
+        progress("inputs of the gated delta rule", t0);   /* the slice reads a prefix of each host tensor */
+        outputs_alloc(&slice);
+        outputs_alloc(&full);
+    }
+    full.in = &dev; slice.in = &dev;
+    layer_in lhost, ldev;
+    memset(&lhost, 0, sizeof lhost); memset(&ldev, 0, sizeof ldev);
+    lrefs lr;
+    memset(&lr, 0, sizeof lr);
+    lay_host = &lhost;
+    if (layer_ops) {
+        const double t0 = now_ms();
+        layer_inputs_random(&full, layer_ops, &lhost);
+        layer_inputs_upload(&full, &lhost, &ldev);
+        lrefs_compute(&slice, &lhost, layer_ops, &lr);
+        progress("inputs of the layer pieces", t0);   /* the slice reads a prefix of each host tensor */
+        layer_outputs_alloc(&slice);
+        layer_outputs_alloc(&full);
+    }
+    full.lin = &ldev; slice.lin = &ldev;
+
+    int threads = o.threads;   /* 0: what the library resolves it to, OpenMP's default */
+#ifdef _OPENMP
+    if (be->id == GDN_BACKEND_CPU && threads == 0) threads = omp_get_max_threads();
+#endif
+
+    result res[N_OPS];
+    int all_ok = 1, nres = 0;
+    for (int op = 0; op < N_OPS; op++) {
+        if (!(o.ops & (1u << op))) continue;
+        result *x = &res[nres++];
+        memset(x, 0, sizeof *x);
+        x->op = op;
+        x->worst = "";
+        const int grads = op_has_grads(op);
+        const gdn_dtype et = op == OP_GATE_FWD ? c->gate_dtype : c->dtype;
+        x->bound = et == GDN_F32 ? (grads ? 1e-4 : 1e-5) : (grads ? 1e-2 : 5e-3);
+        if (op == OP_GATE_FWD)
+            snprintf(x->shape, sizeof x->shape, "rows %lld x HV %d", (long long)full.sz.rows, c->HV);
+        else if (op == OP_L2NORM_FWD)
+            snprintf(x->shape, sizeof x->shape, "rows %lld x %d", (long long)full.sz.rows * c->H, c->K);
+        else if (op == OP_DECODE || op == OP_DECODE_CONV)
+            snprintf(x->shape, sizeof x->shape, "B%d H%d HV%d K%d V%d%s", dc->B, c->H, c->HV, c->K, c->V,
+                     op == OP_DECODE_CONV ? " W4" : "");
+        else if ((op == OP_CONV_FWD || op == OP_CONV_BWD) && o.varlen)
+            snprintf(x->shape, sizeof x->shape, "T%lld/%dseq D%d W%d", (long long)cc->T, o.varlen, cc->D, cc->W);
+        else if (op == OP_CONV_FWD || op == OP_CONV_BWD)
+            snprintf(x->shape, sizeof x->shape, "B%lld T%lld D%d W%d", (long long)cc->B, (long long)cc->T, cc->D,
+                     cc->W);
+        else if (op == OP_NORM_FWD || op == OP_NORM_BWD)
+            snprintf(x->shape, sizeof x->shape, "rows %lld x V%d", (long long)nc->rows, nc->V);
+        else if (o.varlen)
+            snprintf(x->shape, sizeof x->shape, "T%lld/%dseq H%d HV%d K%d V%d", (long long)c->T, o.varlen, c->H,
+                     c->HV, c->K, c->V);
+        else
+            snprintf(x->shape, sizeof x->shape, "B%lld T%lld H%d HV%d K%d V%d", (long long)c->B, (long long)c->T,
+                     c->H, c->HV, c->K, c->V);
+
+        x->err = check_op(op, &slice, &r, &lr, &x->status, &x->worst);
+        if (x->status == GDN_OK) x->status = time_op(op, &full, o.warmup, o.reps, &x->ms);
+        if (x->status != GDN_OK) {
+            snprintf(x->message, sizeof x->message, "%s", gdn_last_error());
+            x->ok = x->status == GDN_ERR_UNSUPPORTED;   /* not on this backend: skipped, not failed */
+        } else {
+            const double s = x->ms * 1e-3;
+            x->gflops = s > 0 ? op_flops(op, &full) / s * 1e-9 : 0;
+            x->gbps = s > 0 ? op_bytes(op, &full) / s * 1e-9 : 0;
+            x->ok = isfinite(x->err) && x->err <= x->bound;
+        }
+        all_ok &= x->ok;
+    }
+
+    const double copy = be->id == GDN_BACKEND_CPU ? copy_gbps(threads) : NAN;
+    if (o.json) print_json(&o, c, cs, &full, &slice, threads, copy, res, nres, all_ok);
+    else print_table(&o, c, cs, &full, &slice, threads, copy, res, nres, all_ok);
+
+    outputs_free(&full.out);
+    outputs_free(&slice.out);
+    inputs_free(&dev, be->release);
+    inputs_free(&host, free);
+    refs_free(&r);
+    layer_inputs_free(&ldev, be->release);
+    layer_inputs_free(&lhost, free);
+    lrefs_free(&lr);
+    if (cu_dev) be->release(cu_dev);
+    if (cu_slice_dev) be->release(cu_slice_dev);
+    free(cu); free(cu_slice);
+    return all_ok ? 0 : 1;
+}
