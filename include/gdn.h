@@ -147,6 +147,111 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
 /* Token-by-token forward (decode and short T). Needs no workspace; a->saved is ignored. */
 gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a);
 
+/* ---- context parallel: one token stream over several ranks (DESIGN.md §8) --
+ *
+ * `world` ranks (GPUs, processes) hold one token stream (B = 1, with or
+ * without cu_seqlens) cut into contiguous slices, in rank order. Rank r holds
+ * its slice as an ordinary local call: cfg->B = 1, cfg->T its tokens, cfg->cu_seqlens the
+ * local sequences, i.e. the pieces of the global sequences that meet the
+ * slice, rebased to 0 (as in FLA's context-parallel API). A sequence that
+ * crosses a cut is the last local sequence of the rank before it
+ * (last_continues = 1) and local sequence 0 of the rank after it
+ * (first_continues = 1); a sequence over several ranks is the only local
+ * sequence of the ranks in between (both set; their T may be 0).
+ *
+ * Local tensors keep their gdn_chunk_fwd/bwd meaning. h0 row n is the initial
+ * state of local sequence n; with first_continues, row 0 is the incoming
+ * state S_in from the earlier ranks (step 3 below). ht row N-1 of a sequence
+ * that continues into the next rank is its state after this rank's last
+ * token, the state the next rank receives: a sequence's final state is the
+ * ht row of the rank where it ends, and its dh0 comes from the rank where it
+ * starts.
+ *
+ * What moves between ranks: one map per rank in each direction,
+ *     map = [HV][K*K + K*V] f32 (gdn_cp_map_floats floats): for value head j
+ *     P (K x K, row-major) then S (K x V, row-major, k-first whatever
+ *     GDN_STATE_V_FIRST says),
+ * all-gathered over the group in rank order into maps [world][HV][K*K + K*V]
+ * (world * HV * (K*K + K*V) * 4 bytes on every rank); nothing else moves.
+ *   forward map:  S_end   = P S_start + S     (the state after this rank's
+ *                 last token from the state before its first one)
+ *   backward map: dS_start = P^T dS_end + S   (the same for the gradients)
+ * A map with nothing to pass on (last_continues = 0 forward, first_continues
+ * = 0 backward) is zero; P is non-zero only on a rank whose one sequence
+ * comes from the previous rank and goes on to the next (P = the transition of
+ * its tokens). Elsewhere the chain restarts: forward S is then the last
+ * sequence's state at this rank's end from its own h0 row.
+ *
+ * Forward, on every rank, in this order:
+ *   1. gdn_cp_fwd_map(ex, cfg, cp, &fa, map)        this rank's forward map
+ *   2. all-gather map -> maps                        (the caller: NCCL, MPI, gloo)
+ *   3. gdn_cp_fwd_scan(ex, cfg, cp, maps, S_in)      S_in [HV,K,V] ([HV,V,K] v-first):
+ *                                                    the incoming state; it may be
+ *                                                    written straight into h0 row 0
+ *   4. with first_continues, h0 row 0 = S_in (an h0 of zeros elsewhere when the
+ *      call had none); gdn_chunk_fwd(ex, cfg, &fa): o, ht, saved as usual.
+ * Backward:
+ *   5. gdn_cp_bwd_map(ex, cfg, cp, &ba, map, bmap)   this rank's backward map (map:
+ *                                                    its own forward map of step 1,
+ *                                                    or NULL to recompute P); needs
+ *                                                    no state, only q, k, v, g, beta,
+ *                                                    dout and dht row 0 (the caller's
+ *                                                    dht: before step 8 adds to it)
+ *   6. all-gather bmap -> bmaps
+ *   7. gdn_cp_bwd_scan(ex, cfg, cp, bmaps, dS_out)   dS_out [HV,K,V] ([HV,V,K]): the
+ *                                                    gradient w.r.t. the state after
+ *                                                    this rank's last token from the
+ *                                                    later ranks
+ *   8. with last_continues, dht row N-1 += dS_out (dht = zeros + dS_out when the
+ *      call had none); gdn_chunk_bwd(ex, cfg, &ba) with the h0 of step 4: dq, dk,
+ *      dv, dg / da, dbeta / db as usual; dA_log and ddt_bias are this rank's part
+ *      of the sum (add them over the group); with first_continues, dh0 row 0 is
+ *      the gradient w.r.t. S_in, which the earlier ranks already got through
+ *      step 6: it is no input's gradient (drop it).
+ *
+ * Every option of gdn_chunk_fwd/bwd works (dtypes, GVA, gate and beta flags,
+ * in-kernel L2 norm, both state layouts). The CPU backend runs these calls;
+ * the CUDA backend answers GDN_ERR_UNSUPPORTED (not written yet: no device to
+ * test it on). Results do not depend on the thread count (for a given
+ * gdn_exec.seq_split, which cuts a long local span as gdn_chunk_fwd does). */
+typedef struct gdn_cp_config {
+    int rank;             /* this rank's place in the token order, 0..world-1            */
+    int world;            /* ranks in the group, >= 1                                    */
+    int first_continues;  /* 1: local sequence 0 began on an earlier rank (rank > 0)     */
+    int last_continues;   /* 1: the last local sequence goes on to the next rank
+                             (rank < world-1)                                            */
+} gdn_cp_config;
+
+/* Floats of one rank's map: HV * (K*K + K*V) (0 and the last error set on a bad cfg). */
+size_t gdn_cp_map_floats(const gdn_config *cfg);
+size_t gdn_cp_fwd_map_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp);
+size_t gdn_cp_bwd_map_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp);
+
+/* Step 1. Reads q, k, v, g, beta, A_log, dt_bias, h0 (row N-1 only, and not
+ * when that row is the incoming state), workspace; not o, ht, saved. map:
+ * gdn_cp_map_floats() floats, written whole. Costs about a forward of the last
+ * local sequence's tokens (no output rows): nothing when last_continues = 0. */
+gdn_status gdn_cp_fwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                          const gdn_fwd_args *a, float *map);
+/* Step 5. Reads q, k, v, g, beta, A_log, dt_bias, saved (what gdn_chunk_fwd
+ * saved, or NULL: the rstd is recomputed), dout, dht (row 0 only; NULL =
+ * zeros), workspace; not h0 nor the gradient outputs. fwd_map: this rank's own
+ * map of step 1 (its P is reused), or NULL. bmap: gdn_cp_map_floats() floats,
+ * written whole. Costs about the state part of a backward of local sequence
+ * 0's tokens (plus a forward of them when P is recomputed): nothing when
+ * first_continues = 0. */
+gdn_status gdn_cp_bwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                          const gdn_bwd_args *a, const float *fwd_map, float *bmap);
+/* Steps 3 and 7: the scans over the gathered maps [world][HV][K*K + K*V] (in
+ * rank order; not read when world is 1), in fp32, with no workspace.
+ *   S_in   = fold over ranks i = 0 .. rank-1 of S <- P_i S + S_i, from S = 0
+ *   dS_out = fold over ranks i = world-1 .. rank+1 of D <- P_i^T D + S_i, from D = 0
+ * written as [HV,K,V] ([HV,V,K] with GDN_STATE_V_FIRST), HV*K*V floats. */
+gdn_status gdn_cp_fwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                           const float *maps, float *S_in);
+gdn_status gdn_cp_bwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                           const float *maps, float *dS_out);
+
 /* ---- standalone pieces (for the recurrent path) ------------------------- */
 
 /* g = -exp(A_log[j]) * softplus(a + dt_bias[j]) over a [rows, HV]; g is f32.

@@ -237,7 +237,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else if (!strcmp(argv[i], "--verbose")) g_verbose = 1;
         else if (!strncmp(argv[i], "--only=", 7)) only = argv[i] + 7;
-        else { fprintf(stderr, "usage: %s [--quick] [--verbose] [--only=ref|backend|standalone|errors|conv1d|rmsnorm|decode|cuda]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--quick] [--verbose] [--only=ref|backend|standalone|errors|conv1d|rmsnorm|decode|cp|cuda]\n", argv[0]); return 2; }
     }
     printf("gdn_tests: base seed %llu (set GDN_TEST_SEED=%llu to repeat)%s\n",
            (unsigned long long)g_base_seed, (unsigned long long)g_base_seed, g_quick ? ", quick mode" : "");
@@ -251,6 +251,7 @@ int main(int argc, char **argv) {
         {"conv1d", test_conv1d},
         {"rmsnorm", test_rmsnorm},
         {"decode", test_decode},
+        {"cp", test_cp},
         {"cuda", test_cuda},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {

@@ -75,6 +75,7 @@ void test_errors(void);
 void test_conv1d(void);
 void test_rmsnorm(void);
 void test_decode(void);
+void test_cp(void);
 void test_cuda(void);
 
 #endif

@@ -6,7 +6,9 @@
 The functions take torch tensors (CPU or CUDA, with autograd) or numpy arrays
 (CPU), under the names and arguments of flash-linear-attention (gdn.api).
 gdn.GatedDeltaNet is a Qwen3-Next gated-delta-net layer built on them
-(gdn.layer; needs torch). gdn.capi is the ctypes mirror of the C API.
+(gdn.layer; needs torch). gdn.cp runs them under context parallel over
+torch.distributed (one token stream cut over the ranks of a process group;
+needs torch). gdn.capi is the ctypes mirror of the C API.
 Errors: gdn.GdnError (the C library refused a call; its message) and
 gdn.GdnArgumentError (an argument gdn cannot take, named in the message).
 """
@@ -20,10 +22,13 @@ __version__ = "0.1.0"
 
 __all__ = ["capi", "GdnError", "GdnArgumentError", "Unsupported", "chunk_gated_delta_rule", "chunk_gdn",
            "fused_recurrent_gated_delta_rule", "fused_recurrent_gdn", "causal_conv1d", "rms_norm_gated",
-           "decode_step", "GatedDeltaNet", "GatedDeltaNetCache"]
+           "decode_step", "GatedDeltaNet", "GatedDeltaNetCache", "cp"]
 
 
-def __getattr__(name):   # the layer imports torch: only when asked for
+def __getattr__(name):   # the layer and gdn.cp import torch: only when asked for
+    if name == "cp":
+        import importlib
+        return importlib.import_module(__name__ + ".cp")
     if name in ("GatedDeltaNet", "GatedDeltaNetCache", "layer"):
         import importlib
         layer = importlib.import_module(__name__ + ".layer")

@@ -104,6 +104,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     use_gate_in_kernel=True takes g as the raw a and computes -exp(A_log) * softplus(a + dt_bias)
     in the kernel (A_log [HV] required, dt_bias [HV] optional). chunk_size (16, 32 or 64) is accepted
     and gdn uses 64: the same math. Returns (o [B, T, HV, V], final_state or None).
+    cp_context (gdn.cp.build_cp_context): this rank's slice of a token stream over a process group
+    (context parallel; torch CPU tensors; gdn.cp says what moves between the ranks).
     """
     state_v_first = _legacy_kwargs(kwargs, state_v_first, "chunk_gated_delta_rule")
     use_gate_in_kernel = bool(kwargs.pop("use_gate_in_kernel", False))
@@ -113,8 +115,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         raise GdnArgumentError(f"chunk_gated_delta_rule: unknown arguments {sorted(kwargs)}")
     if chunk_size not in (16, 32, 64):
         raise GdnArgumentError(f"chunk_size must be 16, 32 or 64, got {chunk_size}")
-    if cp_context is not None:
-        raise GdnArgumentError("cp_context: context parallelism is not supported by gdn's Python functions yet")
+    if cp_context is not None:   # this rank's slice of a token stream over a process group (gdn.cp)
+        if cu_seqlens is not None or cu_seqlens_cpu is not None:
+            raise GdnArgumentError("cu_seqlens: under context parallel the local cu_seqlens come from cp_context")
+        from . import cp
+        return cp.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                         use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                         state_v_first, cp_context, use_gate_in_kernel, A_log, dt_bias)
     if use_gate_in_kernel and A_log is None:
         raise GdnArgumentError("A_log is required with use_gate_in_kernel=True")
     if not use_gate_in_kernel:
@@ -161,13 +168,18 @@ def causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=None, 
     """The short causal depthwise convolution on x [B, T, D], as FLA's causal_conv1d: weight [D, W]
     (W <= 8), bias [D], initial_state [N, D, W], activation None or 'swish'/'silu'; residual [B, T, D]
     is added to the output. backend is accepted and ignored (gdn has one). Returns (y, final_state or None).
+    cp_context (gdn.cp.build_cp_context): this rank's slice of a token stream; a sequence that
+    continues from the previous rank takes its W-1 inputs before the cut as its conv state.
     """
     if kwargs:
         raise GdnArgumentError(f"causal_conv1d: unknown arguments {sorted(kwargs)}")
     if weight is None:
         raise GdnArgumentError("weight is required")
-    if cp_context is not None:
-        raise GdnArgumentError("cp_context: context parallelism is not supported by gdn's Python functions yet")
+    if cp_context is not None:   # this rank's slice of a token stream over a process group (gdn.cp)
+        if cu_seqlens is not None or cu_seqlens_cpu is not None:
+            raise GdnArgumentError("cu_seqlens: under context parallel the local cu_seqlens come from cp_context")
+        from . import cp
+        return cp.causal_conv1d(x, weight, bias, residual, initial_state, output_final_state, activation, cp_context)
     if activation not in (None, "swish", "silu"):
         raise GdnArgumentError(f"activation {activation!r}: gdn's conv1d has None and 'swish'/'silu'")
     del chunk_indices, backend

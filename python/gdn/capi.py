@@ -111,11 +111,16 @@ class RmsnormConfig(Structure):
     _fields_ = [("rows", c_int64), ("V", c_int), ("dtype", _enum), ("eps", c_float), ("gate", _enum)]
 
 
+class CpConfig(Structure):
+    _fields_ = [("rank", c_int), ("world", c_int), ("first_continues", c_int), ("last_continues", c_int)]
+
+
 # C name of each mirrored struct (for layout checks against the header)
 STRUCTS = {
     "gdn_exec": Exec, "gdn_config": Config, "gdn_fwd_args": FwdArgs, "gdn_bwd_args": BwdArgs,
     "gdn_conv1d_config": Conv1dConfig, "gdn_conv1d_args": Conv1dArgs, "gdn_conv1d_bwd_args": Conv1dBwdArgs,
     "gdn_decode_config": DecodeConfig, "gdn_decode_args": DecodeArgs, "gdn_rmsnorm_config": RmsnormConfig,
+    "gdn_cp_config": CpConfig,
 }
 
 
@@ -143,6 +148,7 @@ lib = ctypes.CDLL(_find_lib())
 _E, _C, _F, _BW = POINTER(Exec), POINTER(Config), POINTER(FwdArgs), POINTER(BwdArgs)
 _CC, _CA, _CB = POINTER(Conv1dConfig), POINTER(Conv1dArgs), POINTER(Conv1dBwdArgs)
 _DC, _DA, _RC = POINTER(DecodeConfig), POINTER(DecodeArgs), POINTER(RmsnormConfig)
+_CP = POINTER(CpConfig)
 _p = c_void_p
 _PROTOS = {   # name: (restype, argtypes)
     "gdn_status_string": (c_char_p, [_enum]),
@@ -166,6 +172,13 @@ _PROTOS = {   # name: (restype, argtypes)
     "gdn_decode_step": (_enum, [_E, _DC, _DA]),
     "gdn_rmsnorm_gated_fwd": (_enum, [_E, _RC, _p, _p, _p, _p, _p]),
     "gdn_rmsnorm_gated_bwd": (_enum, [_E, _RC, _p, _p, _p, _p, _p, _p, _p, _p]),
+    "gdn_cp_map_floats": (c_size_t, [_C]),
+    "gdn_cp_fwd_map_workspace_size": (c_size_t, [_E, _C, _CP]),
+    "gdn_cp_bwd_map_workspace_size": (c_size_t, [_E, _C, _CP]),
+    "gdn_cp_fwd_map": (_enum, [_E, _C, _CP, _F, _p]),
+    "gdn_cp_bwd_map": (_enum, [_E, _C, _CP, _BW, _p, _p]),
+    "gdn_cp_fwd_scan": (_enum, [_E, _C, _CP, _p, _p]),
+    "gdn_cp_bwd_scan": (_enum, [_E, _C, _CP, _p, _p]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _fn = getattr(lib, _name)
@@ -284,3 +297,33 @@ def rmsnorm_gated_fwd(ex, cfg, x, z, w, y, rstd):
 
 def rmsnorm_gated_bwd(ex, cfg, x, z, w, rstd, dy, dx, dz, dw):
     _check("gdn_rmsnorm_gated_bwd", lib.gdn_rmsnorm_gated_bwd(ex, cfg, x, z, w, rstd, dy, dx, dz, dw))
+
+
+# ---- context parallel (include/gdn.h: what moves between ranks, and the order of the calls) ----
+
+def cp_map_floats(cfg):
+    return _size("gdn_cp_map_floats", lib.gdn_cp_map_floats(cfg))
+
+
+def cp_fwd_map_workspace_size(ex, cfg, cp):
+    return _size("gdn_cp_fwd_map_workspace_size", lib.gdn_cp_fwd_map_workspace_size(ex, cfg, cp))
+
+
+def cp_bwd_map_workspace_size(ex, cfg, cp):
+    return _size("gdn_cp_bwd_map_workspace_size", lib.gdn_cp_bwd_map_workspace_size(ex, cfg, cp))
+
+
+def cp_fwd_map(ex, cfg, cp, args, map_):
+    _check("gdn_cp_fwd_map", lib.gdn_cp_fwd_map(ex, cfg, cp, args, map_))
+
+
+def cp_bwd_map(ex, cfg, cp, args, fwd_map, bmap):
+    _check("gdn_cp_bwd_map", lib.gdn_cp_bwd_map(ex, cfg, cp, args, fwd_map, bmap))
+
+
+def cp_fwd_scan(ex, cfg, cp, maps, S_in):
+    _check("gdn_cp_fwd_scan", lib.gdn_cp_fwd_scan(ex, cfg, cp, maps, S_in))
+
+
+def cp_bwd_scan(ex, cfg, cp, maps, dS_out):
+    _check("gdn_cp_bwd_scan", lib.gdn_cp_bwd_scan(ex, cfg, cp, maps, dS_out))

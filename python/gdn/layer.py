@@ -15,6 +15,13 @@ Prefill runs causal_conv1d, chunk_gated_delta_rule (q/k L2 norm, gate and
 beta sigmoid in the kernel) and the gated RMSNorm; a cached single token
 runs gdn's decode step, which does the conv update, the gate and the
 recurrence in one call on the cache's states in place.
+
+Context parallel (gdn.cp): with a cp_context (gdn.cp.build_cp_context),
+given to forward or set as layer.cp_context, each rank runs the layer on its
+slice [1, T_local, hidden] of one token stream: the conv takes the inputs
+before the cut from the earlier ranks and the gated delta rule their state;
+every weight's gradient is then this rank's part of the sum (add them over
+the group, as data parallel does).
 """
 import torch
 from torch import nn
@@ -58,6 +65,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(num_v_heads).uniform_(0.01, 16).log())
         self.norm = _NormWeight(head_v_dim)
         self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.cp_context = None   # a gdn.cp.CPContext: forward runs this rank's slice (context parallel)
 
     @classmethod
     def from_config(cls, config, layer_idx=0):
@@ -78,9 +86,14 @@ class GatedDeltaNet(nn.Module):
         return (mixed, z.reshape(B, T, self.num_v_heads, V), b.reshape(B, T, self.num_v_heads),
                 a.reshape(B, T, self.num_v_heads))
 
-    def forward(self, hidden_states, cache=None, attention_mask=None, cu_seqlens=None):
+    def forward(self, hidden_states, cache=None, attention_mask=None, cu_seqlens=None, cp_context=None):
         """hidden_states [B, T, hidden]; attention_mask [B, T] (0 = padding, zeroed as transformers
-        does) or cu_seqlens [N+1] with B = 1 for packed sequences; cache: a GatedDeltaNetCache."""
+        does) or cu_seqlens [N+1] with B = 1 for packed sequences; cache: a GatedDeltaNetCache.
+        cp_context (or self.cp_context): hidden_states is this rank's slice [1, T_local, hidden] of
+        the token stream the context describes (its sequences come from the context)."""
+        cp_context = cp_context if cp_context is not None else self.cp_context
+        if cp_context is not None:
+            return self._forward_cp(hidden_states, cp_context, cache, attention_mask, cu_seqlens)
         if attention_mask is not None:
             hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
         B, T = hidden_states.shape[:2]
@@ -113,6 +126,27 @@ class GatedDeltaNet(nn.Module):
             y = torch_ref.rms_norm_gated(o, z, self.norm.weight, self.eps)
         else:
             y = api.rms_norm_gated(o, z, self.norm.weight, activation="silu", eps=self.eps)
+        return self.out_proj(y.reshape(B, T, self.value_dim))
+
+    def _forward_cp(self, hidden_states, cpc, cache, attention_mask, cu_seqlens):
+        """forward on this rank's slice under context parallel (gdn.cp)."""
+        if self.kernel != "gdn":
+            raise ValueError("context parallel runs on kernel='gdn'")
+        if cache is not None or attention_mask is not None or cu_seqlens is not None:
+            raise ValueError("under context parallel, pass no cache, attention_mask or cu_seqlens: the sequences "
+                             "come from cp_context (prefill and training only)")
+        from . import cp
+        B, T = hidden_states.shape[:2]
+        mixed, z, b, a = self._split(hidden_states)
+        x, _ = cp.causal_conv1d(mixed, self.conv1d.weight.squeeze(1), activation="silu", cp_context=cpc)
+        q, k, v = torch.split(x, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        o, _ = cp.chunk_gated_delta_rule(q.reshape(B, T, self.num_k_heads, self.head_k_dim),
+                                         k.reshape(B, T, self.num_k_heads, self.head_k_dim),
+                                         v.reshape(B, T, self.num_v_heads, self.head_v_dim), a, b,
+                                         use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                                         cp_context=cpc, use_gate_in_kernel=True, A_log=self.A_log,
+                                         dt_bias=self.dt_bias)
+        y = api.rms_norm_gated(o, z, self.norm.weight, activation="silu", eps=self.eps)
         return self.out_proj(y.reshape(B, T, self.value_dim))
 
     def _torch_path(self, mixed, a, b, weight, cache, cu_seqlens):

@@ -81,5 +81,12 @@ void gdn_segment_scan(const gdn_plan *p, const int64_t *seg0, float *maps, size_
  * P [K,K] and S_loc [K,V], the final state from a zero one. */
 void gdn_transition_span(const gdn_plan *p, const chunk_in *in, int64_t bos, int64_t t_from,
                          int64_t t_to, int j, float *P, float *S, chunk_ws *w);
+/* Its reverse (chunk_bwd.c): dS [K,V] holds on entry the gradient w.r.t. the
+ * state after tokens [t_from, t_to), on exit w.r.t. the state before them,
+ * with the span's own dout rows added (no state needed: o is linear in the
+ * incoming state). scratch: gdn_dstate_scratch_floats(K, V) floats. */
+size_t gdn_dstate_scratch_floats(int K, int V);
+void gdn_dstate_span(const gdn_plan *p, const void *dout, const chunk_in *in, int64_t bos, int64_t t_from,
+                     int64_t t_to, int j, float *dS, float *scratch);
 
 #endif

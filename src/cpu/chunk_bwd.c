@@ -241,36 +241,55 @@ static void store_qk_grad(const gdn_plan *p, const void *x, const float *rstd, i
     gdn_store(p->c.dtype, dst, off, g, K);
 }
 
-/* dS_in of tokens [t_from, t_to) from dS_out = 0: the part of the state
- * gradient that the span's own outputs give. Per chunk, reversed:
+/* dS_in of tokens [t_from, t_to) from dS_out (in dS on entry): the span's own
+ * outputs' part of the state gradient plus dS_out carried back. Per chunk, reversed:
  *   dS0 = exp(gc_last) dS1 + scale (diag(exp(gc)) Q)^T dO - Wk^T (P^T dO + Kd dS1)
- * needs no state: o is linear in S0 with coefficients of the chunk alone. */
-static void dstate_span(const gdn_plan *p, const gdn_bwd_args *a, const chunk_in *in, int64_t bos,
-                        int64_t t_from, int64_t t_to, int j, bwd_ws *s) {
+ * needs no state: o is linear in S0 with coefficients of the chunk alone.
+ * dO, dU: [CS,V]; Kd: [CS,K] scratch. */
+static void dstate_core(const gdn_plan *p, const void *dout, const chunk_in *in, int64_t bos,
+                        int64_t t_from, int64_t t_to, int j, float *dS, float *dO, float *dU, float *Kd,
+                        chunk_ws *w) {
     const int K = p->c.K, V = p->c.V, HV = p->c.HV;
-    chunk_ws *w = &s->w;
-    memset(s->dS, 0, sizeof(float) * K * V);
     const int64_t nch = gdn_chunks_of(t_to - t_from);
     for (int64_t ci = nch - 1; ci >= 0; ci--) {
         const int64_t t0 = t_from + ci * CS;
         const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
         gdn_chunk_prepare(p, in, bos + t0, c, j, w);
-        for (int t = 0; t < c; t++) gdn_load(p->c.dtype, a->dout, ((bos + t0 + t) * HV + j) * V, s->dO + t * V, V);
-        for (int t = 0; t < c; t++) {          /* Kd into dWk as scratch, then dU */
+        for (int t = 0; t < c; t++) gdn_load(p->c.dtype, dout, ((bos + t0 + t) * HV + j) * V, dO + t * V, V);
+        for (int t = 0; t < c; t++) {          /* Kd, then dU */
             const float e = w->E[(c - 1) * CS + t];
-            for (int i = 0; i < K; i++) s->dWk[t * K + i] = e * w->Kc[t * K + i];
+            for (int i = 0; i < K; i++) Kd[t * K + i] = e * w->Kc[t * K + i];
         }
-        gdn_gemm_tri(GDN_TRI_UPPER_A, c, V, c, 1.f, w->P, CS, 1, s->dO, V, 0, 0, s->dU, V);
-        gdn_gemm(c, V, K, 1.f, s->dWk, K, 0, s->dS, V, 0, 1, s->dU, V);
+        gdn_gemm_tri(GDN_TRI_UPPER_A, c, V, c, 1.f, w->P, CS, 1, dO, V, 0, 0, dU, V);
+        gdn_gemm(c, V, K, 1.f, Kd, K, 0, dS, V, 0, 1, dU, V);
         const float dlast = w->gam[c - 1];
-        for (int64_t x = 0; x < (int64_t)K * V; x++) s->dS[x] *= dlast;
+        for (int64_t x = 0; x < (int64_t)K * V; x++) dS[x] *= dlast;
         for (int t = 0; t < c; t++) {
             const float f = p->c.scale * w->gam[t];
             for (int i = 0; i < K; i++) w->Q[t * K + i] *= f;
         }
-        gdn_gemm(K, V, c, 1.f, w->Q, K, 1, s->dO, V, 0, 1, s->dS, V);
-        gdn_gemm(K, V, c, -1.f, w->Wk, K, 1, s->dU, V, 0, 1, s->dS, V);
+        gdn_gemm(K, V, c, 1.f, w->Q, K, 1, dO, V, 0, 1, dS, V);
+        gdn_gemm(K, V, c, -1.f, w->Wk, K, 1, dU, V, 0, 1, dS, V);
     }
+}
+
+/* from dS_out = 0, into s->dS */
+static void dstate_span(const gdn_plan *p, const gdn_bwd_args *a, const chunk_in *in, int64_t bos,
+                        int64_t t_from, int64_t t_to, int j, bwd_ws *s) {
+    memset(s->dS, 0, sizeof(float) * p->c.K * p->c.V);
+    dstate_core(p, a->dout, in, bos, t_from, t_to, j, s->dS, s->dO, s->dU, s->dWk, &s->w);
+}
+
+size_t gdn_dstate_scratch_floats(int K, int V) {
+    return (size_t)2 * CS * V + (size_t)CS * K + gdn_chunk_ws_floats(K, V);
+}
+
+void gdn_dstate_span(const gdn_plan *p, const void *dout, const chunk_in *in, int64_t bos, int64_t t_from,
+                     int64_t t_to, int j, float *dS, float *scratch) {
+    const int K = p->c.K, V = p->c.V;
+    chunk_ws w = gdn_chunk_ws_at(scratch + (size_t)2 * CS * V + (size_t)CS * K, K, V);
+    dstate_core(p, dout, in, bos, t_from, t_to, j, dS, scratch, scratch + (size_t)CS * V,
+                scratch + (size_t)2 * CS * V, &w);
 }
 
 /* The reverse sweep of value head j over tokens [t_from, t_to) of a sequence:

@@ -1,0 +1,138 @@
+/* The API layer of context parallel (include/gdn.h, DESIGN.md §8): the map
+ * size, the workspace sizes, the checks of the gdn_cp_config and of each
+ * call's arguments, then the CPU backend. Every check runs before anything
+ * is written. The CUDA backend has no context-parallel kernels yet: a valid
+ * call there answers GDN_ERR_UNSUPPORTED. */
+#include <string.h>
+#include "api/api.h"
+#include "cpu/cp.h"
+
+#define CHECK GDN_CHECK
+#define NEED GDN_NEED
+
+/* the config, the exec and the cp description; fills the plan */
+static gdn_status cp_plan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, gdn_plan *p) {
+    gdn_status s = gdn_make_plan(ex, cfg, p);
+    if (s) return s;
+    NEED(cp, " (the gdn_cp_config)");
+    CHECK(cfg->B == 1, GDN_ERR_SHAPE, "B (%lld) must be 1 under context parallel (one token stream per rank: "
+          "pack the batch with cu_seqlens)", (long long)cfg->B);
+    CHECK(cp->world >= 1, GDN_ERR_OPTION, "cp->world (%d) must be >= 1", cp->world);
+    CHECK(cp->rank >= 0 && cp->rank < cp->world, GDN_ERR_OPTION, "cp->rank (%d) must be in 0..world-1 (world is %d)",
+          cp->rank, cp->world);
+    CHECK(cp->first_continues == 0 || cp->first_continues == 1, GDN_ERR_OPTION, "cp->first_continues (%d) must be 0 or 1",
+          cp->first_continues);
+    CHECK(cp->last_continues == 0 || cp->last_continues == 1, GDN_ERR_OPTION, "cp->last_continues (%d) must be 0 or 1",
+          cp->last_continues);
+    CHECK(!cp->first_continues || cp->rank > 0, GDN_ERR_OPTION,
+          "cp->first_continues is 1 on rank 0 (no earlier rank to continue from)");
+    CHECK(!cp->last_continues || cp->rank < cp->world - 1, GDN_ERR_OPTION,
+          "cp->last_continues is 1 on the last rank (%d of world %d: no later rank to continue into)", cp->rank,
+          cp->world);
+    return GDN_OK;
+}
+
+#define CP_CPU_ONLY(ex, what) GDN_CHECK(gdn_exec_backend(ex) == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED, \
+    "%s: context parallel is not on the CUDA backend yet (CPU only; gdn_exec.backend = GDN_BACKEND_CPU)", what)
+
+static size_t map_floats(const gdn_plan *p) {
+    return (size_t)p->c.HV * ((size_t)p->c.K * p->c.K + (size_t)p->c.K * p->c.V);
+}
+
+size_t gdn_cp_map_floats(const gdn_config *cfg) {
+    gdn_plan p;
+    if (gdn_make_plan(NULL, cfg, &p)) return 0;
+    gdn_ok();
+    return map_floats(&p);
+}
+
+static size_t ws_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, int backward) {
+    gdn_plan p;
+    if (cp_plan(ex, cfg, cp, &p)) return 0;
+    if (gdn_exec_backend(ex) != GDN_BACKEND_CPU) {
+        gdn_fail(GDN_ERR_UNSUPPORTED, "%s: context parallel is not on the CUDA backend yet (CPU only)",
+                 backward ? "gdn_cp_bwd_map_workspace_size" : "gdn_cp_fwd_map_workspace_size");
+        return 0;
+    }
+    gdn_ok();
+    return backward ? gdn_cpu_cp_bwd_map_ws(&p, cp) : gdn_cpu_cp_fwd_map_ws(&p, cp);
+}
+
+size_t gdn_cp_fwd_map_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp) {
+    return ws_size(ex, cfg, cp, 0);
+}
+
+size_t gdn_cp_bwd_map_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp) {
+    return ws_size(ex, cfg, cp, 1);
+}
+
+static gdn_status check_ws(void *ws, size_t bytes, size_t need) {
+    CHECK(need == 0 || ws, GDN_ERR_NULL, "workspace is NULL but %zu bytes are needed", need);
+    CHECK(bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed", bytes, need);
+    return GDN_OK;
+}
+
+gdn_status gdn_cp_fwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                          const gdn_fwd_args *a, float *map) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    CP_CPU_ONLY(ex, "gdn_cp_fwd_map");
+    NEED(a, "");
+    NEED(map, " (gdn_cp_map_floats() floats)");
+    const unsigned f = p.c.flags;
+    if (p.c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    if ((s = check_ws(a->workspace, a->workspace_bytes, gdn_cpu_cp_fwd_map_ws(&p, cp)))) return s;
+    gdn_cpu_cp_fwd_map(&p, cp, a, map);
+    return gdn_ok();
+}
+
+gdn_status gdn_cp_bwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                          const gdn_bwd_args *a, const float *fwd_map, float *bmap) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    CP_CPU_ONLY(ex, "gdn_cp_bwd_map");
+    NEED(a, "");
+    NEED(bmap, " (gdn_cp_map_floats() floats)");
+    const unsigned f = p.c.flags;
+    if (p.c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->dout, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    const size_t sv = gdn_saved_bytes(&p.c);
+    CHECK(!a->saved || !sv || a->saved_bytes >= sv, GDN_ERR_WORKSPACE,
+          "saved_bytes (%zu) is less than the %zu bytes needed", a->saved_bytes, sv);
+    CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
+    if ((s = check_ws(a->workspace, a->workspace_bytes, gdn_cpu_cp_bwd_map_ws(&p, cp)))) return s;
+    gdn_cpu_cp_bwd_map(&p, cp, a, fwd_map, bmap);
+    return gdn_ok();
+}
+
+static gdn_status scan_call(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const float *maps,
+                            float *out, int backward) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    CP_CPU_ONLY(ex, backward ? "gdn_cp_bwd_scan" : "gdn_cp_fwd_scan");
+    if (cp->world > 1) NEED(maps, " (the maps of every rank, gathered in rank order)");
+    CHECK(out != NULL, GDN_ERR_NULL, "%s is NULL but required (HV*K*V floats)", backward ? "dS_out" : "S_in");
+    if (backward) gdn_cpu_cp_bwd_scan(&p, cp, maps, out);
+    else gdn_cpu_cp_fwd_scan(&p, cp, maps, out);
+    return gdn_ok();
+}
+
+gdn_status gdn_cp_fwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const float *maps,
+                           float *S_in) {
+    return scan_call(ex, cfg, cp, maps, S_in, 0);
+}
+
+gdn_status gdn_cp_bwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const float *maps,
+                           float *dS_out) {
+    return scan_call(ex, cfg, cp, maps, dS_out, 1);
+}
