@@ -1,0 +1,353 @@
+/* What the CUDA chunk forward's files share (the overview is in chunk_fwd.cu):
+ * the kernel arguments, the tensor-core, cp.async and TMA primitives, the
+ * record the prep kernel leaves for the state kernels, where a walk's state
+ * comes from and goes to, and the launchers each pass file defines. */
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#ifdef GDN_CHUNK_PROFILE
+#include <cstdio>
+#endif
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.h"
+
+/* Only inline functions, templates, types and constants here (one definition
+ * in every file that includes it). The kernels stay local to their files (an
+ * unnamed namespace in each) and are launched through the launchers at the
+ * end, defined and instantiated next to them. */
+namespace gdn {
+namespace cfwd {
+
+constexpr int CC = 64;       /* chunk length            */
+constexpr int AF = CC + 4;   /* fp32 row stride of A and T: conflict-free tf32 fragment reads */
+
+struct ChunkArgs {
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias, *h0;
+    void *o;
+    float *ht, *rstd_q, *rstd_k;
+    const int64_t *cu;
+    int64_t T;
+    int H, HV, K, V, G, gdt, nvb;
+    float scale;
+    unsigned flags;
+    /* sequence split (DESIGN §8): sc chunks per segment (0 = whole
+     * sequences), maxseg segments at most per sequence; pass 0 = whole,
+     * 1 = each segment's map from a zero state (P and S_loc), 3 = each
+     * segment from its true incoming state; nvb_v column blocks of V (pass 1
+     * adds blocks for the columns of P) */
+    int sc, maxseg, nvb_v, pass;
+    int tma;   /* the tensor maps of q, k, v are valid (else every chunk comes by cp.async) */
+    float *seg_s, *seg_p, *seg_in;   /* [segment slot][HV] x (K x V, K x K, K x V), k-first */
+};
+
+/* ---- tensor-core primitives ---- */
+
+template <typename E> struct mma_traits;
+template <> struct mma_traits<__nv_bfloat16> {
+    static constexpr bool bf = true;
+    static constexpr bool split = true;   /* state and Ud as hi + lo: one bf16 rounding (2^-9) is too coarse */
+    static __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16_rn(x); }
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ float lo(uint32_t x) { return __uint_as_float(x << 16); }
+    static __device__ __forceinline__ float hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+};
+template <> struct mma_traits<__half> {
+    static constexpr bool bf = false;
+    static constexpr bool split = false;   /* one f16 rounding (2^-12) is enough; hi + lo would not add range */
+    static __device__ __forceinline__ __half cvt(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ float lo(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x & 0xffffu))); }
+    static __device__ __forceinline__ float hi(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x >> 16))); }
+};
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
+}
+__device__ __forceinline__ void ldsm2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(saddr(p)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
+}
+
+/* four 8x8 b16 matrices from the accumulator layout (r[m]: row lane / 4,
+ * columns 2 (lane % 4) + {0, 1} of matrix m); lane l gives the address of row
+ * l % 8 of matrix l / 8. A core matrix of the blocked wgmma layout is such a
+ * matrix with 16-byte rows, so one instruction stores four of them. */
+__device__ __forceinline__ void stsm4(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+
+/* pairs (v[m][0], v[m][1]) of four such matrices as hi + lo halves: hi at
+ * dst, lo (the rounding residual; only where the type splits) lo_off
+ * elements on */
+template <typename M, typename E>
+__device__ __forceinline__ void stsm4_hilo(E *dst, int lo_off, const float (&v)[4][2]) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        hi[m] = M::pack(v[m][0], v[m][1]);
+        lo[m] = M::pack(v[m][0] - M::lo(hi[m]), v[m][1] - M::hi(hi[m]));
+    }
+    stsm4(dst, hi[0], hi[1], hi[2], hi[3]);
+    if (M::split) stsm4(dst + lo_off, lo[0], lo[1], lo[2], lo[3]);
+}
+
+/* wgmma (sm_90a), A from registers (the mma.sync A fragment of the warp's 16
+ * rows), B from shared memory in the blocked no-swizzle layout: 8x8 core
+ * matrices of 128 contiguous bytes, [k % 8][n % 8] inside, core (kc, nc) at
+ * (kc * NC + nc) * 128 bytes for NC = n / 8 cores per row of cores. B is
+ * stored n-contiguous (MN-major, the transpose bit set): the leading byte
+ * offset steps along k (NC * 128), the stride offset along n (128). */
+__device__ __forceinline__ uint64_t wg_desc(const void *p, int nc) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)((nc * 128) >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+}
+/* element offset of (k, n) in that layout */
+__device__ __forceinline__ int blk(int k, int n, int nc) { return ((k >> 3) * nc + (n >> 3)) * 64 + (k & 7) * 8 + (n & 7); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+/* generic-proxy stores to shared memory made visible to the tensor cores' reads */
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+#define WG_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define WG_D16 WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WG_D32 WG_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+               "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_R8 "{%0,%1,%2,%3,%4,%5,%6,%7}"
+#define WG_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_R32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+
+/* wgmma, d[N / 2] (+)= A (64 x 16) B (16 x N): the accumulators start from
+ * zero where acc = 0 (no clearing), B is MN-major where tb = 1. RS: A from
+ * this warp's fragment registers (its 16 rows); SS: A and B by descriptors,
+ * both K-major. */
+#define WG_D64 WG_D32, \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define WG_R64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define WG_A() "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+#define WGX_OP(N, T, R, AB, ACC, TB) "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " " R ", " AB ", p, 1, 1, " TB ";\n}\n"
+template <int N, bool BF, int TB>
+__device__ __forceinline__ void wgt_rs(float *d, const uint32_t a[4], uint64_t desc, int acc) {
+    if constexpr (N == 16) {
+        if constexpr (BF) asm volatile(WGX_OP(16, "bf16", WG_R8, "{%8,%9,%10,%11}, %12", "%13", "%14") : WG_D8 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(16, "f16", WG_R8, "{%8,%9,%10,%11}, %12", "%13", "%14") : WG_D8 : WG_A(), "r"(acc), "n"(TB));
+    } else if constexpr (N == 32) {
+        if constexpr (BF) asm volatile(WGX_OP(32, "bf16", WG_R16, "{%16,%17,%18,%19}, %20", "%21", "%22") : WG_D16 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(32, "f16", WG_R16, "{%16,%17,%18,%19}, %20", "%21", "%22") : WG_D16 : WG_A(), "r"(acc), "n"(TB));
+    } else if constexpr (N == 64) {
+        if constexpr (BF) asm volatile(WGX_OP(64, "bf16", WG_R32, "{%32,%33,%34,%35}, %36", "%37", "%38") : WG_D32 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(64, "f16", WG_R32, "{%32,%33,%34,%35}, %36", "%37", "%38") : WG_D32 : WG_A(), "r"(acc), "n"(TB));
+    } else {
+        static_assert(N == 128, "wgt_rs: N is 16, 32, 64 or 128");
+        if constexpr (BF) asm volatile(WGX_OP(128, "bf16", WG_R64, "{%64,%65,%66,%67}, %68", "%69", "%70") : WG_D64 : WG_A(), "r"(acc), "n"(TB));
+        else asm volatile(WGX_OP(128, "f16", WG_R64, "{%64,%65,%66,%67}, %68", "%69", "%70") : WG_D64 : WG_A(), "r"(acc), "n"(TB));
+    }
+}
+template <bool BF> __device__ __forceinline__ void wgt_ss32(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (BF) asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "0, 0") : WG_D16 : "l"(da), "l"(db), "r"(acc));
+    else asm volatile(WGX_OP(32, "f16", WG_R16, "%16, %17", "%18", "0, 0") : WG_D16 : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ uint32_t tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float tf32f(float x) { return __uint_as_float(tf32(x)); }
+__device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Fragment addresses (lane l) for a 16x16 tile at (r0, c0) of a row-major bf16
+ * matrix with row stride ld:
+ *   A operand, rows = M:                      a_row(l) = r0 + l%16, col c0 + (l/16)*8   (ldsm4)
+ *   A operand stored transposed ([k][m]):     row k0 + l%8 + (l/16)*8, col m0 + ((l/8)&1)*8 (ldsm4t)
+ *   B operand stored [n][k] (two n8 tiles):   row n0 + l%8 + (l/16)*8, col k0 + ((l/8)&1)*8 (ldsm4)
+ *   B operand stored [k][n] (two n8 tiles):   row k0 + l%8 + ((l/8)&1)*8, col n0 + (l/16)*8 (ldsm4t)
+ * In both B cases r[0], r[1] feed n-tile n0 and r[2], r[3] n-tile n0 + 8. */
+template <typename E> __device__ __forceinline__ const E *frag_a(const E *m, int ld, int r0, int c0, int l) {
+    return m + (r0 + (l & 15)) * ld + c0 + (l >> 4) * 8;
+}
+template <typename E> __device__ __forceinline__ const E *frag_at(const E *m, int ld, int k0, int m0, int l) {
+    return m + (k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8;
+}
+template <typename E> __device__ __forceinline__ const E *frag_bn(const E *m, int ld, int n0, int k0, int l) {
+    return m + (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
+}
+template <typename E> __device__ __forceinline__ const E *frag_bk(const E *m, int ld, int k0, int n0, int l) {
+    return m + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
+}
+
+/* ---- cp.async ---- */
+
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr(dst)), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* ---- the TMA engine: copies completing on an mbarrier. One instruction of
+ * one thread moves a chunk's rows of q, k or v (a tensor map) or the whole
+ * record, so the state kernel's fetch costs a few instructions of one warp
+ * instead of address arithmetic and cp.async in every thread. (Row by row
+ * bulk copies were tried: ~50 cycles per 256-byte request, slower than
+ * cp.async.) ---- */
+__device__ __forceinline__ void mb_init(void *mb) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(mb)) : "memory");
+}
+__device__ __forceinline__ void mb_init2(void *mb) {   /* two arrivals: one per warpgroup */
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(saddr(mb)) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(void *mb) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(mb)) : "memory");
+}
+__device__ __forceinline__ void mb_expect(void *mb, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(mb)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_wait(void *mb, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(saddr(mb)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, void *mb) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(mb)) : "memory");
+}
+/* the box (padded row, 1 head, 64 rows) at (col, head, row) of a [rows][heads][cols]
+ * tensor: the box is 8 columns wider than the tile and they lie past the
+ * tensor's row (zeros) or in the next tile (never read), so the rows land
+ * padded as cp.async would leave them, conflict-free for ldmatrix */
+__device__ __forceinline__ void tma_rows(void *dst, const CUtensorMap *map, int col, int head, int row, void *mb) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 ::"r"(saddr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(row), "r"(saddr(mb))
+                 : "memory");
+}
+
+/* The per-(chunk slot, value head) record the prep kernel leaves for the
+ * state kernels: T (bf16 / f16) blocked as the tensor cores read it (8 x 8
+ * core matrices of 128 contiguous bytes, core (t / 8, s / 8) at
+ * (t / 8) * 8 + s / 8), then per-token fp32 rows [C] (F_*): the gate cumsum,
+ * beta, the k and q rstd, and the products of them the state kernels scale
+ * by. Chunk i of sequence n is slot bos/C + n + i: slots of consecutive
+ * sequences never overlap, and there are at most B*T/C + N + 1. */
+enum { F_GC, F_BT, F_RK, F_RQ, F_B /* beta exp(gc) rk */, F_CO /* scale rq exp(gc) */, F_CU /* rk exp(gL - gc) */,
+       F_GL /* gc log2(e) */, F_N };
+constexpr int LT = CC + 8, REC_T = CC * CC * 2, REC_F = F_N * CC * 4, REC = REC_T + REC_F;
+/* element offset of (t, s) in a blocked C x C matrix (T, P) */
+__device__ __forceinline__ int blk64(int t, int s) { return ((t >> 3) * 8 + (s >> 3)) * 64 + (t & 7) * 8 + (s & 7); }
+__device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return bos / CC + n + i; }
+
+__device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
+    *bos = p.cu ? p.cu[n] : (int64_t)n * p.T;
+    *len = p.cu ? p.cu[n + 1] - *bos : p.T;
+}
+
+/* A walk's starting state at (k row kr, column vc): pass 1 from 0 (P's
+ * columns from I), a later segment of pass 3 from its incoming state, else h0 */
+__device__ __forceinline__ float state_in(const ChunkArgs &p, bool pmode, int sg, int64_t segslot, int j, int64_t sbase, int kr,
+                                          int vc) {
+    if (p.pass == 1) return pmode && kr == vc ? 1.f : 0.f;
+    if (p.pass == 3 && sg > 0) return p.seg_in[(segslot * p.HV + j) * p.K * p.V + (int64_t)kr * p.V + vc];
+    if (!p.h0) return 0.f;
+    return p.h0[sbase + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc)];
+}
+/* where a walk's final state goes: ht (the last segment; null if not asked
+ * for or not the last), or in pass 1 the segment's P / S_loc (k-first,
+ * ncols wide); state_at is (kr, vc)'s offset there */
+__device__ __forceinline__ float *state_dst(const ChunkArgs &p, bool pmode, int64_t segslot, int j, bool last) {
+    if (p.pass == 1) return pmode ? p.seg_p + (segslot * p.HV + j) * p.K * p.K : p.seg_s + (segslot * p.HV + j) * p.K * p.V;
+    return last ? p.ht : nullptr;
+}
+__device__ __forceinline__ int64_t state_at(const ChunkArgs &p, int64_t sbase, int ncols, int kr, int vc) {
+    if (p.pass == 1) return (int64_t)kr * ncols + vc;
+    return sbase + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)vc * p.K + kr : (int64_t)kr * p.V + vc);
+}
+
+/* Load rows [0, CC) x columns [0, KT) of a token-major tensor (row stride
+ * ld elements, ncols valid columns) into shared rows of stride LS: 16-byte
+ * cp.async where the rows allow it, plain loads otherwise; zeros outside. */
+template <int KT, int LS, typename E>
+__device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int c, int ncols, int col0, int tid, int nt) {
+    constexpr int G8 = KT / 8;
+    if ((ld & 7) == 0 && (col0 & 7) == 0 && (ncols & 7) == 0) {
+        for (int x = tid; x < CC * G8; x += nt) {
+            const int r = x / G8, c8 = (x % G8) * 8;
+            const bool ok = r < c && c8 < ncols;
+            cp16(dst + r * LS + c8, ok ? (const void *)(src + r * ld + col0 + c8) : (const void *)src, ok);
+        }
+    } else {
+        for (int x = tid; x < CC * KT; x += nt) {
+            const int r = x / KT, cc = x % KT;
+            dst[r * LS + cc] = (r < c && cc < ncols) ? src[r * ld + col0 + cc] : mma_traits<E>::cvt(0.f);
+        }
+    }
+}
+
+/* the tensor maps of q, k, v for the TMA (valid where ChunkArgs::tma is set) */
+struct TmaMaps { CUtensorMap q, k, v; };
+
+/* ---- the passes' host launchers. Each pass file defines its own and
+ * instantiates them for the tiles launch_k (chunk_fwd.cu) dispatches to:
+ * KT = 64 and 128 with BV = 128, KT = 256 with BV = 64; E = bf16, f16. attr()
+ * raises the kernel's dynamic shared memory limit (once); launch() queues it. ---- */
+
+template <typename Kern>
+cudaError_t smem_attr(Kern k, int bytes, bool *done) {   /* host-side only: capture-safe */
+    if (*done) return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) *done = true;
+    return e;
+}
+
+/* hidden: the launchers link the files of one library and are no part of its
+ * exported symbols (file-local before the split) */
+#define GDN_CFWD_HIDDEN __attribute__((visibility("hidden")))
+/* chunk_fwd_prep.cu */
+template <int KT, typename E> struct GDN_CFWD_HIDDEN PrepPass {
+    static cudaError_t attr();
+    static void launch(const ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st);
+};
+/* chunk_fwd_state.cu; launch returns cudaGetLastError() */
+template <int KT, int BV, typename E> struct GDN_CFWD_HIDDEN StatePass {
+    static cudaError_t attr();
+    static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);
+};
+/* chunk_fwd_state_t.cu; launch makes pass 0 a programmatic dependent of the prep */
+template <typename E> struct GDN_CFWD_HIDDEN StateTPass {
+    static cudaError_t attr();
+    static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);
+};
+/* chunk_fwd_split.cu: chunks per segment (0 = no split), and the scan between passes 1 and 3 */
+GDN_CFWD_HIDDEN int seg_chunks(const gdn_plan *pl);
+GDN_CFWD_HIDDEN void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st);
+
+}  // namespace cfwd
+}  // namespace gdn

@@ -1,0 +1,74 @@
+/* CUDA chunk forward, the sequence split (DESIGN §8) for long sequences with
+ * few heads: how many chunks a segment takes, and the fp32 scan over the
+ * segments' maps from pass 1 that gives pass 3 each segment's incoming state;
+ * its launcher. */
+#include "cuda/chunk_fwd.cuh"
+
+namespace gdn {
+namespace cfwd {
+namespace {
+
+/* ---- the scan over segments: S_in(s + 1) = P_s S_in(s) + S_loc_s, fp32,
+ * block per (sequence, value head, 16 columns of V) ---- */
+constexpr int SCW = 16;
+
+__global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
+    extern __shared__ float sv[];   /* S_in slice [K][SCW], then the next one */
+    float *sn = sv + p.K * SCW;
+    const int nsl = (p.V + SCW - 1) / SCW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % p.HV, n = blockIdx.x / (nsl * p.HV);
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int nseg = (int)(((len + CC - 1) / CC + p.sc - 1) / p.sc);
+    if (nseg <= 1) return;
+    const bool vfirst = (p.flags & GDN_STATE_V_FIRST) != 0;
+    const int c = threadIdx.x % SCW, vc = cs * SCW + c;
+    for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW)
+        sv[i * SCW + c] = (p.h0 && vc < p.V)
+                              ? p.h0[((int64_t)n * p.HV + j) * p.K * p.V + (vfirst ? (int64_t)vc * p.K + i : (int64_t)i * p.V + vc)] : 0.f;
+    __syncthreads();
+    for (int s = 0; s + 1 < nseg; s++) {
+        const int64_t slot = bos / ((int64_t)CC * p.sc) + n + s;
+        const float *P = p.seg_p + (slot * p.HV + j) * p.K * p.K, *L = p.seg_s + (slot * p.HV + j) * p.K * p.V;
+        float *out = p.seg_in + ((slot + 1) * p.HV + j) * p.K * p.V;
+        for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) {
+            float acc = vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f;
+            const float *Pi = P + (int64_t)i * p.K;
+#pragma unroll 8
+            for (int k = 0; k < p.K; k++) acc += Pi[k] * sv[k * SCW + c];
+            sn[i * SCW + c] = acc;
+            if (vc < p.V) out[(int64_t)i * p.V + vc] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) sv[i * SCW + c] = sn[i * SCW + c];
+        __syncthreads();
+    }
+}
+
+/* the V columns of a state block, as launch_k (chunk_fwd.cu) picks them */
+int bv_of(int K) { return K <= 128 ? 128 : 64; }
+
+}  // namespace
+
+/* chunks per segment, 0 = no split: only when the (sequence, head, column
+ * block) blocks would leave most SMs idle, or when asked (exec.seq_split) */
+int seg_chunks(const gdn_plan *pl) {
+    const gdn_config *c = &pl->c;
+    const int64_t maxch = (pl->max_len + CC - 1) / CC, blocks = pl->N * c->HV * ((c->V + bv_of(c->K) - 1) / bv_of(c->K));
+    int64_t want;
+    if (pl->seq_split == 1 || maxch < 2) return 0;
+    if (pl->seq_split > 1) want = pl->seq_split;
+    else {
+        if (2 * blocks > gdn::sm_count() || maxch < 16) return 0;
+        want = gdn::sm_count() / blocks;
+    }
+    int64_t sc = (maxch + want - 1) / want;
+    if (pl->seq_split == 0 && sc < 8) sc = 8;
+    return sc >= maxch ? 0 : (int)sc;
+}
+
+void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st) {
+    seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), 256, 2 * p.K * SCW * sizeof(float), st>>>(p);
+}
+
+}  // namespace cfwd
+}  // namespace gdn

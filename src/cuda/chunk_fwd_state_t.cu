@@ -1,0 +1,360 @@
+/* CUDA chunk forward, kernel 2t (the state walk transposed: K = 128, whole
+ * 128-column blocks of V, q, k and v by the TMA): S^T in the registers of two
+ * warpgroups as the A operand of every state product; its launcher, which
+ * makes pass 0 a programmatic dependent of the prep kernel. */
+#include "cuda/chunk_fwd.cuh"
+
+namespace gdn {
+namespace cfwd {
+namespace {
+
+/* ---- kernel 2t: the state walk transposed, for K = 128 and whole 128-column
+ * blocks of V. Two warpgroups hold S^T (their 64 columns of V x K) in fp32
+ * registers, so the state, R and U are the A operands of the wgmma straight
+ * from registers, and q, k, T and P are the B operands in shared memory:
+ *   [X | O]^T = S^T [K; Q]^T               (S as hi + lo for bf16)
+ *   P   = Q K^T, masked and scaled         (each warpgroup 32 of its columns)
+ *   R^T = beta V^T - b X^T,   U^T = R^T T^T,   O^T = co O^T + U^T P^T
+ *   S^T = exp(gL) S^T + (cu U)^T K        (U as hi + lo for bf16)
+ * No state copy goes through shared memory, and the only block barriers are
+ * P's exchange and the stage's release. q, k and v come by the TMA in the
+ * 128-byte swizzle and the record by one bulk copy, two chunks ahead. ---- */
+constexpr int TT = 256;   /* threads: two warpgroups */
+struct TStage {           /* one chunk's inputs; 1024-byte aligned pieces for the swizzle */
+    static constexpr int kq = 0;          /* [k cols 0-63][q cols 0-63][k cols 64-127][q cols 64-127], 64 rows x 128 B each */
+    static constexpr int v = 32768;       /* [v cols 0-63][v cols 64-127] */
+    static constexpr int rec = 49152;     /* T blocked, then the per-token rows */
+    static constexpr int bytes = rec + REC;
+};
+struct TSmem {
+    static constexpr int LO = 128 + 8;                    /* O staging row stride (elements) */
+    /* two stages at 0 and TStage::bytes */
+    static constexpr int p = 2 * TStage::bytes;           /* P blocked, C x C, one per stage */
+    static constexpr int o = p + 2 * CC * CC * 2;         /* O rows, C x LO */
+    static constexpr int mb = o + CC * LO * 2;            /* mbarriers: full[2], pfull[2]; then cnt[2] */
+    static constexpr int bytes = mb + 4 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
+};
+static_assert(TStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
+
+/* descriptors: K-major in the 128-byte swizzle (8-row groups 1024 B apart;
+ * lbo: MN-major, the distance of 64-column blocks), and K-major blocked
+ * without swizzle (core matrices along k 128 B apart, along n 1024 B) */
+__device__ __forceinline__ uint64_t desc_sw128(const void *p, int lbo) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ uint64_t desc_blk(const void *p) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32);
+}
+__device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+/* The two warpgroups take turns at the tensor cores: each issues a batch of
+ * products only after the other has issued its previous one (named barriers 5
+ * and 6), so one's epilogue runs while the other's products do. */
+__device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(5 + cg) : "memory"); }
+__device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
+
+/* fp32 accumulator pairs (m64 layout: v[2i], v[2i+1] at row g, v[2i+2], v[2i+3]
+ * at row g + 8 of n8 tile i) as the A fragment of k step kk */
+template <typename M> __device__ __forceinline__ void afrag(uint32_t a[4], const float *v, int kk) {
+    a[0] = M::pack(v[8 * kk], v[8 * kk + 1]);
+    a[1] = M::pack(v[8 * kk + 2], v[8 * kk + 3]);
+    a[2] = M::pack(v[8 * kk + 4], v[8 * kk + 5]);
+    a[3] = M::pack(v[8 * kk + 6], v[8 * kk + 7]);
+}
+/* the same as hi + lo halves (lo only where the type splits) */
+template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4], uint32_t lo[4], const float *v, int kk) {
+    afrag<M>(hi, v, kk);
+    if (M::split)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            lo[e] = M::pack(v[8 * kk + 2 * e] - M::lo(hi[e]), v[8 * kk + 2 * e + 1] - M::hi(hi[e]));
+}
+
+template <typename E>
+__global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
+    using M = mma_traits<E>;
+    constexpr int NS = M::split ? 2 : 1;
+    extern __shared__ __align__(1024) char smt_raw[];
+    char *sm = smt_raw + ((1024 - (saddr(smt_raw) & 1023)) & 1023);
+    E *Os = reinterpret_cast<E *>(sm + TSmem::o);
+    /* full[s]: stage s has landed; pfull[s]: both halves of its P are in; cnt[s]:
+     * the warpgroups done with it (the second one refills it) */
+    uint64_t *full = reinterpret_cast<uint64_t *>(sm + TSmem::mb), *pfull = full + 2;
+    int *cnt = reinterpret_cast<int *>(sm + TSmem::mb + 32);
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
+    const int cg = w >> 2, wl = w & 3;   /* warpgroup (64 columns of V), warp in it (16 of them) */
+    const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, sg = (blockIdx.x / (p.nvb * p.HV)) % p.maxseg;
+    const int n = blockIdx.x / (p.nvb * p.HV * p.maxseg), h = j / p.G;
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int nch_all = (int)((len + CC - 1) / CC);
+    const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;
+    if (sg > 0 && i0 >= nch) return;
+    const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
+    /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
+     * of P (K x K, from I, with v = 0) */
+    const bool pmode = p.pass == 1 && vb >= p.nvb_v;
+    const int ncols = pmode ? p.K : p.V;
+    const int vcol0 = (pmode ? vb - p.nvb_v : vb) * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of S^T: d0, d0 + 8 */
+    const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
+
+    auto fetch = [&](int i) {   /* chunk i into stage (i - i0) & 1, by thread 0 */
+        char *stg = sm + ((i - i0) & 1) * TStage::bytes;
+        uint64_t *mb = full + ((i - i0) & 1);
+        const int row0 = (int)(bos + (int64_t)i * CC);
+        mb_expect(mb, TStage::bytes - (pmode ? 16384 : 0));
+        tma_rows(stg + TStage::kq, &tm.k, 0, h, row0, mb);
+        tma_rows(stg + TStage::kq + 8192, &tm.q, 0, h, row0, mb);
+        tma_rows(stg + TStage::kq + 16384, &tm.k, 64, h, row0, mb);
+        tma_rows(stg + TStage::kq + 24576, &tm.q, 64, h, row0, mb);
+        if (!pmode) {
+            tma_rows(stg + TStage::v, &tm.v, vcol0, j, row0, mb);
+            tma_rows(stg + TStage::v + 8192, &tm.v, vcol0 + 64, j, row0, mb);
+        }
+        bulk_copy(stg + TStage::rec, ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
+    };
+
+    /* S^T: st[4 i + e] = S[k = 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] */
+    float st[64];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+            st[4 * i + e] = vc < ncols ? state_in(p, pmode, sg, segslot, j, sbase, kr, vc) : 0.f;
+        }
+    if (tid == 0) {
+        mb_init(full); mb_init(full + 1); mb_init2(pfull); mb_init2(pfull + 1);
+        cnt[0] = cnt[1] = 0;
+    }
+    __syncthreads();
+    /* a programmatic launch (pass 0) comes here while the prep kernel runs: its records from now on */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (tid == 0) {
+        if (i0 < nch) fetch(i0);
+        if (i0 + 1 < nch) fetch(i0 + 1);
+    }
+    /* the V^T fragment rows: this lane's token in its 8 x 8 matrix and 16-byte column (swizzled per row) */
+    const int lm = lane >> 3, lr = lane & 7;
+
+    if (cg == 1) wg_pass(1);   /* warpgroup 0 goes first */
+#ifdef GDN_CHUNK_PROFILE   /* cycles per phase, block 0, the first thread of each warpgroup */
+    long long prof[10] = {0}, t0_ = clock64();
+#define TPROF(k) do { if ((tid & 127) == 0) { const long long t1_ = clock64(); prof[k] += t1_ - t0_; t0_ = t1_; } } while (0)
+#else
+#define TPROF(k) do { } while (0)
+#endif
+    for (int i = i0; i < nch; i++) {
+        const int sl = (i - i0) & 1;
+        const uint32_t par = ((i - i0) >> 1) & 1;
+        E *Ps = reinterpret_cast<E *>(sm + TSmem::p) + sl * CC * CC;
+        char *stg = sm + sl * TStage::bytes;
+        const E *KQ = reinterpret_cast<const E *>(stg + TStage::kq);
+        const char *Vb = stg + TStage::v + cg * 8192;
+        const E *Ts = reinterpret_cast<const E *>(stg + TStage::rec);
+        const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
+        const int64_t row0 = bos + (int64_t)i * CC;
+        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        mb_wait(full + sl, par);
+        TPROF(0);
+        if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
+                         * (both warpgroups meet here, once a sequence) */
+            for (int x = tid; x < (CC - c) * 8 * 4; x += TT) {
+                const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
+                char *base = part < 2 ? stg + TStage::kq + part * 16384 : stg + TStage::v + (part - 2) * 8192;
+                *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fence_async_smem();
+            bar_named(1, TT);
+        }
+
+        /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
+        float xo[64], pa[16];
+        {
+            uint32_t sa[8][NS][4];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
+            wg_fence();
+            wg_turn(cg);
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
+                wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+            }
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+                wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
+                                desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
+            wg_commit();
+            wg_pass(cg);
+            wg_wait<0>();
+            TPROF(1);
+        }
+        /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
+        uint32_t vt[8][2];
+#pragma unroll
+        for (int ip = 0; ip < 8; ip += 2) {
+            const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+            uint32_t r[4] = {0u, 0u, 0u, 0u};   /* P's columns: v = 0 */
+            if (!pmode) ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+            vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
+        }
+        /* P (rows t of this warp, columns s of this warpgroup): masked, scaled, to shared memory */
+        {
+            const int t0 = wl * 16 + g, t1 = t0 + 8;
+            const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
+            const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
+            float pv[4][4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                const int s0 = cg * 32 + a * 8 + 2 * tq;
+                const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
+                const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
+                pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
+                pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
+                pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
+                pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
+            }
+#pragma unroll
+            for (int a = 0; a < 4; a += 2)
+                stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
+                      M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
+            fence_async_smem();
+            bar_named(2 + cg, 128);
+            if ((tid & 127) == 0) mb_arrive(pfull + sl);
+            TPROF(2);
+        }
+        /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
+        float u[32];
+        {
+            float r[32];
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
+                const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
+                r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
+                r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
+                r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
+                r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+            }
+            uint32_t ra[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
+            wg_commit();
+        }
+        TPROF(3);
+        /* O^T = co Q S (per token), while U runs */
+        float o[32];
+#pragma unroll
+        for (int a = 0; a < 8; a++) {
+            const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+            o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
+            o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+        }
+        mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
+        TPROF(4);
+        wg_wait<0>();
+        TPROF(5);
+        /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
+        {
+            uint32_t ua[4][4], ud[4][NS][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
+                u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
+            const float dl = __expf(F[F_GC * CC + CC - 1]);
+#pragma unroll
+            for (int x = 0; x < 64; x++) st[x] *= dl;
+            wg_fence();
+            wg_turn(cg);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+            wg_commit();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
+                wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
+                if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
+            }
+            wg_commit();
+            wg_pass(cg);
+            wg_wait<1>();
+            TPROF(6);
+        }
+        /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
+#pragma unroll
+        for (int a = 0; a < 8; a += 2)
+            stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
+                   M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
+        bar_named(2 + cg, 128);
+        TPROF(7);
+        for (int x = tid & 127; x < (p.pass == 1 ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
+            const int r = x >> 3, c8 = (x & 7) * 8;
+            *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
+                *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
+        }
+        wg_wait<0>();
+        TPROF(8);
+        bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
+        if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
+        TPROF(9);
+    }
+    if (cg == 0) wg_turn(0);   /* the last pass of warpgroup 1 */
+#ifdef GDN_CHUNK_PROFILE
+    if ((tid & 127) == 0 && blockIdx.x == 0 && nch > i0) {
+        const long long m = nch - i0;
+        printf("chunk_state_t wg%d: cycles per chunk: wait %lld | XO+P %lld | P out %lld | R, U issue %lld | P wait %lld | "
+               "U wait %lld | Ud, S, UP %lld | O staged %lld | O out, S wait %lld | release %lld\n", cg, prof[0] / m, prof[1] / m,
+               prof[2] / m, prof[3] / m, prof[4] / m, prof[5] / m, prof[6] / m, prof[7] / m, prof[8] / m, prof[9] / m);
+    }
+#endif
+#undef TPROF
+    /* the final state: ht (the last segment), or the segment's P / S_loc */
+    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all)) {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                if (vc < ncols) dst[state_at(p, sbase, ncols, kr, vc)] = st[4 * i + e];
+            }
+    }
+}
+
+}  // namespace
+
+template <typename E> cudaError_t StateTPass<E>::attr() {
+    static bool done = false;
+    return smem_attr(chunk_state_t_kernel<E>, TSmem::bytes, &done);
+}
+template <typename E>
+cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
+    if (p.pass == 0) {   /* a programmatic dependent of the prep kernel: its launch and prologue overlap the prep's tail */
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.dynamicSmemBytes = TSmem::bytes; lc.stream = st;
+        lc.attrs = at; lc.numAttrs = 1;
+        return cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E>, p, ws, tm);
+    }
+    chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */
+    return cudaGetLastError();
+}
+template struct StateTPass<__nv_bfloat16>;
+template struct StateTPass<__half>;
+
+}  // namespace cfwd
+}  // namespace gdn
