@@ -8,7 +8,15 @@ that key's value (chance: 1 / --values). Batches are drawn on the fly from
 embedding, --layers blocks of gdn.GatedDeltaNet (short conv, gated RMSNorm)
 and a SiLU MLP with pre-norms, a final norm and the embedding as output
 head. --kernel torch runs the same model, parameters and data on
-gdn.torch_ref (plain torch ops), to compare; --kernel both runs the two.
+gdn.torch_ref (plain torch ops), to compare; --kernel both runs the two;
+--kernel fla (CUDA, flash-linear-attention importable) the same model with
+FLA's Triton chunk_gated_delta_rule for the delta rule (conv and norm on
+torch_ref), and --kernel all the three. On CUDA the table adds each run's
+peak device memory (torch's allocator: gdn's workspaces are torch tensors
+too).
+
+    python examples/train_mqar.py --device cuda --dtype bf16 --kernel all --seq-len 2048 \
+        --pairs 64 --keys 256 --values 256 --d-model 512 --heads 4 --head-dim 128 --batch 8 --steps 100
 
     python examples/train_mqar.py                          # ~45 s on 2 CPU cores, recall ~100%
     python examples/train_mqar.py --kernel both --plot docs/mqar.png   # ~3 min: + gdn.torch_ref
@@ -114,6 +122,9 @@ def train(args, kernel):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, args.warmup, args.steps))
     gen = torch.Generator().manual_seed(args.seed + 1)
     losses, accs = [], []
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     bar = tqdm(range(args.steps), desc=kernel, leave=False) if tqdm and not args.quiet else range(args.steps)
     t0, tokens = time.perf_counter(), 0
     for step in bar:
@@ -137,7 +148,9 @@ def train(args, kernel):
         elif not args.quiet and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"{kernel} step {step + 1}/{args.steps}: loss {loss.item():.3f} acc {acc:.2f} "
                   f"{tokens / (time.perf_counter() - t0):.0f} tokens/s", flush=True)
-    return losses, accs, tokens / (time.perf_counter() - t0), model
+    tps = tokens / (time.perf_counter() - t0)
+    model.peak_mib = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else float("nan")
+    return losses, accs, tps, model
 
 
 @torch.no_grad()
@@ -175,10 +188,10 @@ def plot(path, runs, chance, title):
     import matplotlib   # only here: the script runs without it
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    both = len(runs) == 2
+    both = "gdn" in runs and "torch" in runs
     fig, axes = plt.subplots(1, 3 if both else 2, figsize=(12 if both else 8.5, 3.3))
     for k, r in runs.items():
-        style = dict(lw=1.0, ls="-" if k == "gdn" else "--", label=f"{k} (final acc {r['final_acc']:.2f})")
+        style = dict(lw=1.0, ls={"gdn": "-", "torch": "--"}.get(k, ":"), label=f"{k} (final acc {r['final_acc']:.2f})")
         axes[0].plot(r["loss"], **style)
         axes[1].plot(r["acc"], **style)
     axes[0].set(xlabel="step", ylabel="cross-entropy", title="training loss", yscale="log")
@@ -201,8 +214,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default %(default)s)")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
                    help="bf16: autocast of the forward (default %(default)s)")
-    p.add_argument("--kernel", default="gdn", choices=["gdn", "torch", "both"],
-                   help="gdn: the library; torch: gdn.torch_ref; both: the two, compared (default %(default)s)")
+    p.add_argument("--kernel", default="gdn", choices=["gdn", "torch", "fla", "both", "all"],
+                   help="gdn: the library; torch: gdn.torch_ref; fla: FLA's delta rule (CUDA); both: gdn and\n"
+                        "torch, compared; all: gdn, torch and fla (default %(default)s)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps (default %(default)s)")
     p.add_argument("--seq-len", type=int, default=32, help="pairs, then queries to the end (default %(default)s)")
     p.add_argument("--pairs", type=int, default=8,
@@ -232,7 +246,7 @@ def main(argv=None):
     by decode, row 0's pairs and queries); with two kernels the largest per-step relative and
     absolute difference of their losses."""
     args = parse_args(argv)
-    kernels = ["gdn", "torch"] if args.kernel == "both" else [args.kernel]
+    kernels = {"both": ["gdn", "torch"], "all": ["gdn", "torch", "fla"]}.get(args.kernel, [args.kernel])
     chance = 1.0 / args.values
     out = {"args": vars(args), "chance": chance, "runs": {}}
     for k in kernels:
@@ -241,21 +255,27 @@ def main(argv=None):
         diff, scale, dec_acc, context, examples = generate_check(args, model)
         out["runs"][k] = {"loss": losses, "acc": accs, "tokens_per_s": tps,
                           "final_loss": sum(losses[-tail:]) / tail, "final_acc": sum(accs[-tail:]) / tail,
-                          "decode_max_abs_diff": diff, "prefill_max_abs_logit": scale, "decode_acc": dec_acc,
+                          "peak_mib": model.peak_mib, "decode_max_abs_diff": diff, "prefill_max_abs_logit": scale, "decode_acc": dec_acc,
                           "context": context, "examples": examples}
     print(f"\nMQAR seq_len {args.seq_len}, {args.pairs} pairs, {args.keys} keys, {args.values} values "
           f"(chance {chance:.3f}); {args.layers} layers d_model {args.d_model}, {args.steps} steps, "
           f"batch {args.batch}, {args.device} {args.dtype}")
+    cuda = args.device == "cuda"
     print(f"{'kernel':8s} {'first loss':>10s} {'final loss':>10s} {'final acc':>9s} {'tokens/s':>10s}"
-          "   (final: mean of the last tenth of the steps)")
+          + (f" {'peak MiB':>9s}" if cuda else "") + "   (final: mean of the last tenth of the steps)")
     for k, r in out["runs"].items():
-        print(f"{k:8s} {r['loss'][0]:10.4f} {r['final_loss']:10.4f} {r['final_acc']:9.3f} {r['tokens_per_s']:10.0f}")
-    if len(kernels) == 2:
+        print(f"{k:8s} {r['loss'][0]:10.4f} {r['final_loss']:10.4f} {r['final_acc']:9.3f} {r['tokens_per_s']:10.0f}"
+              + (f" {r['peak_mib']:9.0f}" if cuda else ""))
+    if "gdn" in out["runs"] and "torch" in out["runs"]:
         a, b = out["runs"]["gdn"]["loss"], out["runs"]["torch"]["loss"]
         out["max_rel_loss_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
         out["max_abs_loss_diff"] = max(abs(x - y) for x, y in zip(a, b))
-        print(f"loss difference between the kernels, largest over {len(a)} steps: relative "
+        print(f"loss difference gdn vs torch, largest over {len(a)} steps: relative "
               f"{out['max_rel_loss_diff']:.2e}, absolute {out['max_abs_loss_diff']:.2e}")
+    if "fla" in out["runs"] and "torch" in out["runs"]:
+        a, b = out["runs"]["fla"]["loss"], out["runs"]["torch"]["loss"]
+        out["max_rel_loss_diff_fla"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        print(f"loss difference fla vs torch, largest over {len(a)} steps: relative {out['max_rel_loss_diff_fla']:.2e}")
     for k, r in out["runs"].items():
         print(f"{k}: cached decode vs prefill logits: max difference {r['decode_max_abs_diff']:.2e} "
               f"(largest logit {r['prefill_max_abs_logit']:.1f}); recall by decode {r['decode_acc']:.3f}")

@@ -44,8 +44,9 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, hidden_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size=4,
                  rms_norm_eps=1e-6, layer_idx=0, hidden_act="silu", kernel="gdn"):
         super().__init__()
-        if kernel not in ("gdn", "torch"):
-            raise ValueError(f"kernel {kernel!r}: 'gdn' (the library) or 'torch' (gdn.torch_ref, for comparison)")
+        if kernel not in ("gdn", "torch", "fla"):
+            raise ValueError(f"kernel {kernel!r}: 'gdn' (the library), 'torch' (gdn.torch_ref) or 'fla' "
+                             "(flash-linear-attention's Triton delta rule; CUDA only), the last two to compare")
         self.kernel = kernel
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
@@ -100,7 +101,7 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self._split(hidden_states)
         weight = self.conv1d.weight.squeeze(1)
         idx = self.layer_idx
-        if self.kernel == "torch":
+        if self.kernel in ("torch", "fla"):
             o = self._torch_path(mixed, a, b, weight, cache, cu_seqlens)
         elif cache is not None and T == 1 and cache.has(idx) and cu_seqlens is None:
             o = api.decode_step(mixed[:, 0].contiguous(), a[:, 0].contiguous(), b[:, 0].contiguous(), self.A_log,
@@ -122,7 +123,7 @@ class GatedDeltaNet(nn.Module):
                                                   use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias)
             if cache is not None:
                 cache.conv[idx], cache.recurrent[idx] = conv_t, rec_t
-        if self.kernel == "torch":
+        if self.kernel in ("torch", "fla"):
             y = torch_ref.rms_norm_gated(o, z, self.norm.weight, self.eps)
         else:
             y = api.rms_norm_gated(o, z, self.norm.weight, activation="silu", eps=self.eps)
@@ -150,22 +151,40 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(y.reshape(B, T, self.value_dim))
 
     def _torch_path(self, mixed, a, b, weight, cache, cu_seqlens):
-        """The same layer on gdn.torch_ref (plain torch ops), prefill or cached tokens alike."""
+        """The same layer on gdn.torch_ref (plain torch ops), prefill or cached tokens alike; with
+        kernel='fla' the delta rule is flash-linear-attention's chunk_gated_delta_rule (the gate and
+        beta formed with torch first, q/k L2 norm in its kernel) and the rest stays on torch_ref."""
         if cu_seqlens is not None:
-            raise ValueError("kernel='torch' takes no cu_seqlens")
+            raise ValueError(f"kernel={self.kernel!r} takes no cu_seqlens")
         B, T = mixed.shape[:2]
         idx = self.layer_idx
         conv0 = cache.conv.get(idx) if cache is not None else None
         rec0 = cache.recurrent.get(idx) if cache is not None else None
         x, conv_t = torch_ref.causal_conv1d(mixed, weight, conv0, cache is not None)
         q, k, v = torch.split(x, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        o, rec_t = torch_ref.gated_delta_rule(q.reshape(B, T, self.num_k_heads, self.head_k_dim),
-                                              k.reshape(B, T, self.num_k_heads, self.head_k_dim),
-                                              v.reshape(B, T, self.num_v_heads, self.head_v_dim), a, b, self.A_log,
-                                              self.dt_bias, rec0, cache is not None)
+        q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(B, T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
+        if self.kernel == "fla":
+            fla_chunk = _fla_chunk_gated_delta_rule()
+            g = -self.A_log.float().exp() * torch.nn.functional.softplus(a.float() + self.dt_bias.float())
+            o, rec_t = fla_chunk(q, k, v, g, b.sigmoid(), initial_state=rec0, output_final_state=cache is not None,
+                                 use_qk_l2norm_in_kernel=True)
+        else:
+            o, rec_t = torch_ref.gated_delta_rule(q, k, v, a, b, self.A_log, self.dt_bias, rec0, cache is not None)
         if cache is not None:
             cache.conv[idx], cache.recurrent[idx] = conv_t, rec_t
         return o
+
+
+def _fla_chunk_gated_delta_rule():
+    """flash-linear-attention's chunk_gated_delta_rule (kernel='fla'), imported when first used."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as e:
+        raise ImportError("kernel='fla' needs flash-linear-attention (pip install flash-linear-attention, "
+                          "or its source on PYTHONPATH) and a CUDA device") from e
+    return chunk_gated_delta_rule
 
 
 class _NormWeight(nn.Module):
