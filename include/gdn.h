@@ -9,7 +9,9 @@
  * Conventions
  *   - Every call returns a gdn_status; gdn_last_error() says what was wrong.
  *   - Every call validates all of its input before it writes anything: on error
- *     no output byte changes.
+ *     no output byte changes. (On CUDA what only the device holds, the values
+ *     of cu_seqlens_dev and of slots, is the caller's promise instead: see
+ *     "The CUDA backend" below gdn_exec.)
  *   - The caller owns all memory. Sizes of workspaces and of the state kept
  *     between forward and backward come from the *_size() queries.
  *   - Tensors are token-major and contiguous, like flash-linear-attention:
@@ -41,9 +43,11 @@ typedef enum gdn_status {
     GDN_ERR_SHAPE = 2,       /* a size is out of range or inconsistent       */
     GDN_ERR_DTYPE = 3,       /* dtype not supported for this tensor          */
     GDN_ERR_SEQLENS = 4,     /* cu_seqlens unsorted, out of range, or B != 1 */
-    GDN_ERR_OPTION = 5,      /* flags or options that do not go together     */
+    GDN_ERR_OPTION = 5,      /* flags or options that do not go together, or
+                                a pointer misaligned for the CUDA kernels     */
     GDN_ERR_WORKSPACE = 6,   /* workspace or saved buffer too small          */
-    GDN_ERR_BACKEND = 7,     /* backend not built in, or a backend failure   */
+    GDN_ERR_BACKEND = 7,     /* backend not built in, or a backend failure,
+                                or a stream of another device (CUDA)         */
     GDN_ERR_UNSUPPORTED = 8  /* valid request this backend does not do       */
 } gdn_status;
 
@@ -75,6 +79,44 @@ typedef struct gdn_exec {
                        whatever the thread count.                                    */
 } gdn_exec;
 
+/* The CUDA backend (DESIGN.md §6).
+ *
+ * Device. The kernels run on the current device (cudaGetDevice), and every
+ * pointer and gdn_exec.stream must belong to it. A stream of another device
+ * is refused (GDN_ERR_BACKEND) where the runtime can tell without a sync
+ * (cudaStreamGetDevice: a library built with CUDA 12.8 or later).
+ *
+ * Alignment. Every pointer must be aligned to its elements: 4 bytes for f32
+ * tensors and int32 slots, 2 for bf16 / f16 tensors, 8 for cu_seqlens_dev.
+ * gdn_chunk_fwd with bf16 / f16 (the tensor-core kernels) also needs
+ *     q, k       16-byte aligned when K % 8 == 0 (rows by cp.async / the TMA)
+ *     v          16-byte aligned when V % 8 == 0 (the same)
+ *     o          16-byte aligned when V % 8 == 0 (rows stored 16 bytes at a time)
+ *     workspace  16-byte aligned
+ * and gdn_chunk_bwd a 16-byte aligned workspace. Every other vector access
+ * (the layer ops, the decode step's state, the TMA) is chosen at dispatch
+ * from the shape and the alignment, with a narrower path for the rest.
+ * cudaMalloc gives 256 bytes; a view at an element offset may break a rule.
+ * A call that breaks one fails with GDN_ERR_OPTION and a message naming the
+ * pointer, e.g. "q (0x7f3a00000002) must be 16-byte aligned on the CUDA
+ * backend (K is a multiple of 8: ...)"; nothing is written.
+ *
+ * Device memory the host cannot read without a sync (calls never sync, so
+ * they stay capturable in a CUDA graph) is not checked:
+ *   - cu_seqlens_dev must hold exactly the values of cu_seqlens (which the
+ *     API checks). The kernels index the tensors and the workspace by the
+ *     device values unchecked: values that differ are undefined behaviour,
+ *     from wrong rows to reads and writes outside the tensors and the
+ *     workspace (a memory fault then ends the CUDA context).
+ *   - slots (gdn_conv1d_update, gdn_decode_step): a slot outside
+ *     [0, num_slots), -1 or any other, is padding (no state access, output
+ *     row 0), where the CPU backend refuses a slot out of -1..num_slots-1
+ *     (GDN_ERR_SHAPE). A repeated slot: gdn_conv1d_update applies its rows
+ *     in row order (as on the CPU); in gdn_decode_step it breaks the
+ *     contract (the CPU refuses it), and on CUDA the rows race on that pool
+ *     row: its states (recurrent and conv) and the rows' o are undefined; no
+ *     other memory is touched. */
+
 /* ---- the gated delta rule: chunked and recurrent ------------------------ */
 
 enum gdn_flags {
@@ -91,7 +133,8 @@ typedef struct gdn_config {
     int H, HV;          /* q/k heads and value heads; HV = G*H                         */
     int K, V;           /* q/k head dim, value head dim                                */
     const int64_t *cu_seqlens;      /* NULL, or host array [num_seqs+1] (B must be 1)   */
-    const int64_t *cu_seqlens_dev;  /* CUDA only: the same values in device memory      */
+    const int64_t *cu_seqlens_dev;  /* CUDA only: the same values in device memory
+                                       (not checked: see "The CUDA backend")          */
     int64_t num_seqs;   /* N when cu_seqlens is given                                  */
     gdn_dtype dtype;      /* q, k, v, o and dq, dk, dv                                 */
     gdn_dtype gate_dtype; /* g (or a), beta (or b) and their gradients: F32 or dtype   */
@@ -283,7 +326,8 @@ typedef struct gdn_conv1d_config {
     int64_t B, T;
     int D, W;
     const int64_t *cu_seqlens;  /* NULL, or host [num_seqs+1] (B must be 1)   */
-    const int64_t *cu_seqlens_dev; /* CUDA only: the same values in device memory */
+    const int64_t *cu_seqlens_dev; /* CUDA only: the same values in device memory
+                                      (not checked: see "The CUDA backend")       */
     int64_t num_seqs;
     gdn_dtype dtype;            /* x, y, dx, dy                                */
     int silu;                   /* 1: act = SiLU; 0: none                       */
@@ -353,7 +397,10 @@ typedef struct gdn_decode_args {
     float *state;              /* [num_slots, HV, K, V] ([.., V, K] v-first) in place */
     const int32_t *slots;      /* [B] pool row of each row, each at most once; -1 =
                                   padding (no read, no write, o row 0); NULL = row b
-                                  uses pool row b */
+                                  uses pool row b. CPU: a slot out of -1..num_slots-1
+                                  or repeated is refused (GDN_ERR_SHAPE). CUDA (device
+                                  memory, unchecked): out of range = padding, a repeat
+                                  races (see "The CUDA backend") */
     void *o;                   /* [B, HV, V]                                      */
 } gdn_decode_args;
 

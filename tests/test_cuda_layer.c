@@ -12,17 +12,20 @@
  * rstd given or recomputed, tiny rows, saturated gates), gate (da, dA_log,
  * ddt_bias) and L2 norm (dx), each against the reference and against the CPU
  * backend on the same inputs, then run a second time: the same bits. Also:
- * bad input on CUDA (status, message, no device byte written), bit-identical
+ * bad input on CUDA (status, message, no device byte written; pointers
+ * misaligned for their elements), bit-identical
  * reruns and a CUDA-graph capture of every op, forwards and backwards (no
  * host sync, no allocation).
- * Called at the end of test_cuda(); skipped where no device is visible. */
+ * Called at the end of test_cuda(); skipped where no device is visible.
+ * Split over: test_cuda_conv1d.c (conv1d forward, update, backward),
+ * test_cuda_norm.c (gated RMSNorm, gate, L2 norm, forward and backward) and
+ * test_cuda_util.h (the shared helpers); here: the decode step with its conv,
+ * bad input, the rerun and CUDA-graph check, and the entry points. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ref/ref.h"
-#include "ref/ref_conv1d.h"
-#include "ref/ref_rmsnorm.h"
 #include "test_util.h"
 
 #ifndef GDN_HAVE_CUDA
@@ -30,777 +33,7 @@ void test_cuda_layer(void) { printf("  cuda layer ops: not built (no nvcc at bui
 void test_cuda_layer_bwd(void) { test_cuda_layer(); }
 #else
 #include <cuda_runtime_api.h>
-
-/* ---- device buffers ---- */
-
-static void *dalloc_dev(size_t n) {
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 4) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); exit(1); }
-    return d;
-}
-static void *dput(const void *h, size_t n) {
-    void *d = dalloc_dev(n);
-    if (n) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    return d;
-}
-static void dget(void *h, const void *d, size_t n) { if (n) cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost); }
-/* 1 when the n device bytes at d equal the host bytes at h */
-static int dsame(const void *d, const void *h, size_t n) {
-    if (!n) return 1;
-    void *t = t_alloc(n);
-    dget(t, d, n);
-    const int same = !memcmp(t, h, n);
-    free(t);
-    return same;
-}
-/* a device copy of h (n elements of t) placed `off` elements into a fresh buffer: off = 1 misaligns it */
-static void *dput_at(const void *h, size_t n, gdn_dtype t, int off, void **base) {
-    const size_t es = t_dsize(t);
-    *base = dalloc_dev((n + 1) * es);
-    char *p = (char *)*base + (size_t)off * es;
-    if (n) cudaMemcpy(p, h, n * es, cudaMemcpyHostToDevice);
-    return p;
-}
-/* n NaNs of dtype t on the device (at offset off, as dput_at) */
-static void *dnan_at(gdn_dtype t, size_t n, int off, void **base) {
-    void *h = t_alloc(n * t_dsize(t) + 1);
-    t_poison_nan(t, h, n);
-    void *p = dput_at(h, n, t, off, base);
-    free(h);
-    return p;
-}
-static double *dvec(size_t n) { return t_alloc(n * sizeof(double)); }
-
-/* n random values N(0, s^2) rounded to t: host buffer and the doubles */
-static void *rnd(rng *r, gdn_dtype t, size_t n, double s, double *d) {
-    void *p = t_alloc(n * t_dsize(t) + 1);
-    for (size_t i = 0; i < n; i++) d[i] = t_store(t, p, i, (float)(s * rng_normal(r)));
-    return p;
-}
-
-/* status OK and the stream's work done without a CUDA error; counts one check */
-static int ran(const char *ctx, gdn_status s) {
-    const cudaError_t e = cudaDeviceSynchronize();
-    return check(s == GDN_OK && e == cudaSuccess, ctx, "status %s (%s), cuda %s", gdn_status_string(s), gdn_last_error(),
-                 cudaGetErrorString(e));
-}
-
-/* check_close on a device tensor */
-static void dclose(const char *ctx, const char *what, gdn_dtype t, const void *d, const double *ref, size_t n,
-                   double bound) {
-    void *h = t_alloc(n * t_dsize(t));
-    dget(h, d, n * t_dsize(t));
-    check_close(ctx, what, t, h, ref, n, bound);
-    free(h);
-}
-
-/* check_close_terms on a device tensor (docs/DESIGN.md §5: sums that cancel) */
-static void dclose_terms(const char *ctx, const char *what, gdn_dtype t, const void *d, const double *ref,
-                         const double *terms2, size_t n, double bound) {
-    void *h = t_alloc(n * t_dsize(t));
-    dget(h, d, n * t_dsize(t));
-    check_close_terms(ctx, what, t, h, ref, terms2, n, bound);
-    free(h);
-}
-
-/* the n elements of host tensor h (dtype t) as doubles: another backend's output as a reference */
-static double *as_d(gdn_dtype t, const void *h, size_t n) {
-    double *d = dvec(n);
-    for (size_t i = 0; i < n; i++) d[i] = t_get(t, h, i);
-    return d;
-}
-
-/* A call's device outputs (d NULL: not wanted), for the rerun check: keep()
- * saves their bytes and poisons them with NaN, same() then says whether a
- * second run wrote the very same bits, and frees what keep() saved. */
-typedef struct obuf { void *d; gdn_dtype t; size_t n; } obuf;
-
-static void obuf_keep(const obuf *o, int no, void **keep) {
-    for (int i = 0; i < no; i++) {
-        keep[i] = NULL;
-        if (!o[i].d) continue;
-        const size_t bytes = o[i].n * t_dsize(o[i].t);
-        keep[i] = t_alloc(bytes);
-        dget(keep[i], o[i].d, bytes);
-        void *nan = t_alloc(bytes + 1);
-        t_poison_nan(o[i].t, nan, o[i].n);
-        if (bytes) cudaMemcpy(o[i].d, nan, bytes, cudaMemcpyHostToDevice);
-        free(nan);
-    }
-}
-
-static int obuf_same(const obuf *o, int no, void **keep) {
-    int same = 1;
-    for (int i = 0; i < no; i++) {
-        if (!o[i].d) continue;
-        same &= dsame(o[i].d, keep[i], o[i].n * t_dsize(o[i].t));
-        free(keep[i]);
-    }
-    return same;
-}
-
-static const gdn_dtype dts[3] = {GDN_F32, GDN_BF16, GDN_F16};
-
-/* ---- conv1d forward ---- */
-
-typedef struct cfcase {
-    int64_t B, T;
-    int nseq;                 /* > 0: varlen (B = 1), lengths in lens */
-    int64_t lens[10];
-    int D, W;
-    gdn_dtype dt;
-    int silu, bias, h0, ht;
-    int inplace;              /* ht written over h0 (needs h0, ht) */
-    int misalign;             /* x and y one element off 16-byte alignment */
-    int stream;               /* a stream of its own rather than the default one */
-} cfcase;
-
-static void conv_fwd_case(const cfcase *k, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    int64_t cu[11] = {0}, B = k->B, T = k->T, N = k->B;
-    if (k->nseq) {
-        B = 1; T = 0;
-        for (int i = 0; i < k->nseq; i++) { T += k->lens[i]; cu[i + 1] = T; }
-        N = k->nseq;
-    }
-    const int D = k->D, W = k->W;
-    const gdn_dtype dt = k->dt;
-    const size_t nx = (size_t)(B * T) * D, nw = (size_t)D * W, nst = (size_t)N * D * W;
-    char ctx[400], lens[120] = "";
-    for (int i = 0, o = 0; i < k->nseq; i++) o += snprintf(lens + o, sizeof lens - o, "%s%lld", i ? "," : "", (long long)k->lens[i]);
-    snprintf(ctx, sizeof ctx, "op=conv1d_fwd backend=cuda B%lld T%lld%s%s%s D%d W%d dtype=%s silu=%d bias=%d h0=%d ht=%d "
-             "inplace=%d misalign=%d stream=%d seed=%llu", (long long)B, (long long)T, k->nseq ? " varlen[" : "", lens,
-             k->nseq ? "]" : "", D, W, t_dtype_name(dt), k->silu, k->bias, k->h0, k->ht, k->inplace, k->misalign,
-             k->stream, (unsigned long long)seed);
-    double *xd = dvec(nx), *wd = dvec(nw), *bd = dvec(D), *h0d = dvec(nst), *yr = dvec(nx), *htr = dvec(nst);
-    void *x = rnd(&r, dt, nx, 1.0, xd);
-    float *w = rnd(&r, GDN_F32, nw, 0.6, wd), *bias = rnd(&r, GDN_F32, D, 0.5, bd), *h0 = rnd(&r, GDN_F32, nst, 1.0, h0d);
-    gdn_conv1d_config c = {.B = B, .T = T, .D = D, .W = W, .dtype = dt, .silu = k->silu};
-    if (k->nseq) { c.cu_seqlens = cu; c.num_seqs = k->nseq; }
-    gdn_ref_conv1d_fwd(&c, xd, wd, k->bias ? bd : NULL, k->h0 ? h0d : NULL, yr, htr);
-
-    void *xb, *yb, *htb, *h0b;
-    const void *dx = dput_at(x, nx, dt, k->misalign, &xb);
-    void *dy = dnan_at(dt, nx, k->misalign, &yb);
-    float *dht = dnan_at(GDN_F32, nst, 0, &htb), *dh0 = dput_at(h0, nst, GDN_F32, 0, &h0b);
-    float *dw = dput(w, nw * 4), *dbias = dput(bias, (size_t)D * 4);
-    int64_t *dcu = dput(cu, sizeof cu);
-    cudaStream_t st = NULL;
-    if (k->stream) cudaStreamCreate(&st);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, st, 0, 0};
-    gdn_conv1d_args a = {dx, dw, k->bias ? dbias : NULL, k->h0 ? dh0 : NULL, dy, k->ht ? dht : NULL};
-    if (k->inplace) a.ht = dh0;
-    gdn_status s;
-    if (k->nseq) c.cu_seqlens_dev = dcu;
-    s = gdn_conv1d_fwd(&ex, &c, &a);
-    if (ran(ctx, s)) {
-        dclose(ctx, "y", dt, dy, yr, nx, bound_fwd(dt));
-        if (k->inplace) dclose(ctx, "ht (over h0, in place)", GDN_F32, dh0, htr, nst, bound_fwd(GDN_F32));
-        else if (k->ht) dclose(ctx, "ht", GDN_F32, dht, htr, nst, bound_fwd(GDN_F32));
-        if (!k->inplace) check(dsame(dh0, h0, nst * 4), ctx, "h0 unchanged");
-    }
-    if (st) cudaStreamDestroy(st);
-    void *dev[] = {xb, yb, htb, h0b, dw, dbias, dcu};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(wd); free(bd); free(h0d); free(yr); free(htr); free(x); free(w); free(bias); free(h0);
-}
-
-static void test_conv_fwd(rng *r) {
-    long idx = 0;
-    /* every W x dtype x T, B = 2; D = 37 (1-channel path) or 64 (vector path); options cycle */
-    const int64_t Ts[6] = {0, 1, 3, 64, 65, 2 + rng_int(r, 0, 150)};
-    for (int W = 1; W <= 8; W++)
-        for (int di = 0; di < 3; di++)
-            for (int ti = 0; ti < 6; ti++, idx++) {
-                if (g_quick && ti % 2) continue;
-                const unsigned o = (unsigned)(idx * 23 % 32);
-                cfcase k = {.B = 2, .T = Ts[ti], .D = (idx % 2) ? 64 : 37, .W = W, .dt = dts[di], .silu = (int)(idx % 3 != 0),
-                            .bias = !!(o & 1), .h0 = !!(o & 2), .ht = !!(o & 4), .misalign = (idx % 7 == 3),
-                            .stream = (idx % 5 == 2)};
-                k.inplace = k.h0 && k.ht && (o & 8);
-                if (ti == 3) k.bias = k.h0 = k.ht = 1;
-                conv_fwd_case(&k, rng_u64(r));
-            }
-    /* varlen: empty, 1-token and ragged sequences (runs of rows cross sequence borders) */
-    const int64_t sets[5][8] = {{0, 1, 5, 0, 17, 1, 64, 3}, {1}, {0}, {70, 0, 1, 130, 2}, {0}};
-    const int set_n[5] = {8, 1, 1, 5, 7};
-    for (int si = 0; si < 5; si++)
-        for (int W = 1; W <= 8; W++)
-            for (int di = 0; di < 3; di++, idx++) {
-                if (g_quick && (W + di) % 2) continue;
-                cfcase k = {.nseq = set_n[si], .D = si == 3 ? 19 : (W % 2 ? 64 : 40), .W = W, .dt = dts[di],
-                            .silu = (int)(idx % 2), .bias = 1, .h0 = (int)(idx % 3 != 1), .ht = 1, .misalign = si == 2};
-                for (int i = 0; i < k.nseq; i++) k.lens[i] = si == 4 ? rng_int(r, 0, 80) : sets[si][i];
-                k.inplace = k.h0 && idx % 2;
-                conv_fwd_case(&k, rng_u64(r));
-            }
-    /* layer-sized channel counts, and enough rows that a thread runs 32 of them */
-    const cfcase big[] = {
-        {.B = 2, .T = 65, .D = 2048, .W = 4, .dt = GDN_BF16, .silu = 1, .bias = 1, .h0 = 1, .ht = 1},
-        {.B = 1, .T = 100, .D = 8192, .W = 4, .dt = GDN_BF16, .silu = 1, .bias = 1, .h0 = 1, .ht = 1, .inplace = 1},
-        {.B = 3, .T = 33, .D = 2048, .W = 3, .dt = GDN_F32, .silu = 0, .ht = 1, .stream = 1},
-        {.B = 1, .T = 64, .D = 2048, .W = 8, .dt = GDN_F16, .silu = 1, .bias = 1, .h0 = 1, .ht = 1},
-        {.B = 2, .T = 40, .D = 1, .W = 4, .dt = GDN_F32, .silu = 1, .bias = 1, .h0 = 1, .ht = 1},
-        {.B = 1, .T = 120000, .D = 37, .W = 4, .dt = GDN_F32, .silu = 1, .bias = 1, .h0 = 1, .ht = 1},
-        {.B = 2, .T = 3000, .D = 72, .W = 6, .dt = GDN_BF16, .silu = 1, .h0 = 1, .ht = 1},
-        {.nseq = 4, .lens = {60000, 0, 1, 59999}, .D = 37, .W = 4, .dt = GDN_F16, .silu = 1, .bias = 1, .h0 = 1, .ht = 1},
-        {.nseq = 4, .lens = {0, 1, 77, 3}, .D = 2048, .W = 4, .dt = GDN_BF16, .silu = 1, .bias = 1, .h0 = 1, .ht = 1},
-    };
-    for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
-        if (g_quick && big[i].B * big[i].T > 10000) continue;
-        conv_fwd_case(&big[i], rng_u64(r));
-    }
-}
-
-/* ---- conv1d single-token update ---- */
-
-/* B rows into a pool of NS slots; slots NULL = row b uses slot b. On CUDA a
- * slot outside -1..NS-1 is padding (the host cannot check device slots). */
-static void conv_update_case(int64_t B, int64_t NS, const int32_t *slots, int D, int W, gdn_dtype dt, int silu,
-                             int with_bias, int misalign, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=conv1d_update backend=cuda B%lld num_slots%lld slots=%s D%d W%d dtype=%s silu=%d "
-             "bias=%d misalign=%d seed=%llu", (long long)B, (long long)NS, slots ? "given" : "NULL", D, W,
-             t_dtype_name(dt), silu, with_bias, misalign, (unsigned long long)seed);
-    const size_t nx = (size_t)B * D, row = (size_t)D * W, npool = (size_t)NS * row;
-    double *xd = dvec(nx), *wd = dvec(row), *bd = dvec(D), *pd = dvec(npool), *yr = dvec(nx);
-    void *x = rnd(&r, dt, nx, 1.0, xd);
-    float *w = rnd(&r, GDN_F32, row, 0.6, wd), *bias = rnd(&r, GDN_F32, D, 0.5, bd), *pool = rnd(&r, GDN_F32, npool, 1.0, pd);
-    int32_t *sref = t_alloc(sizeof(int32_t) * (size_t)(B + 1));
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t s = slots ? slots[b] : b;
-        sref[b] = (int32_t)(s >= 0 && s < NS ? s : -1);
-    }
-    gdn_ref_conv1d_update(B, D, W, silu, xd, wd, with_bias ? bd : NULL, pd, sref, yr);
-    void *pb, *yb;
-    void *dx = dput(x, nx * t_dsize(dt)), *dwt = dput(w, row * 4), *db = dput(bias, (size_t)D * 4);
-    float *dpool = dput_at(pool, npool, GDN_F32, misalign, &pb);
-    void *dy = dnan_at(dt, nx, 0, &yb);
-    int32_t *dsl = slots ? dput(slots, sizeof(int32_t) * (size_t)B) : NULL;
-    const gdn_conv1d_config c = {.B = B, .T = 7, .D = D, .W = W, .dtype = dt, .silu = silu};   /* T is ignored */
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    const gdn_status s = gdn_conv1d_update(&ex, &c, dx, dwt, with_bias ? db : NULL, dpool, NS, dsl, dy);
-    if (ran(ctx, s)) {
-        dclose(ctx, "y", dt, dy, yr, nx, bound_fwd(dt));
-        dclose(ctx, "state pool", GDN_F32, dpool, pd, npool, bound_fwd(GDN_F32));
-        void *y = t_alloc(nx * t_dsize(dt));
-        float *pool2 = t_alloc(npool * 4);
-        dget(y, dy, nx * t_dsize(dt));
-        dget(pool2, dpool, npool * 4);
-        int zero = 1, same = 1;
-        for (int64_t b = 0; b < B; b++)
-            if (sref[b] < 0)
-                for (int d = 0; d < D; d++) zero &= t_get(dt, y, (size_t)b * D + d) == 0.0;
-        for (int64_t sl = 0; sl < NS; sl++) {
-            int used = 0;
-            for (int64_t b = 0; b < B; b++) used |= sref[b] == sl;
-            if (!used) same &= !memcmp(pool2 + sl * row, pool + sl * row, row * 4);
-        }
-        check(zero, ctx, "padding rows (and slots out of range) of y are 0");
-        check(same, ctx, "slots no row points at keep their bytes");
-        free(y); free(pool2);
-    }
-    void *dev[] = {dx, dwt, db, pb, yb, dsl};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(wd); free(bd); free(pd); free(yr); free(x); free(w); free(bias); free(pool); free(sref);
-}
-
-static void test_conv_update(rng *r) {
-    static const int32_t rep[7] = {3, -1, 0, 5, -1, 1, 3};   /* slot 3 twice: in row order; 2, 4 unused */
-    static const int32_t oor[6] = {7, -1, 2, -3, 2, 0};      /* 7 and -3 out of range: padding on CUDA */
-    int32_t many[600];                                       /* repeats more than 256 rows apart */
-    for (int b = 0; b < 600; b++) many[b] = (int32_t)((b * 5) % 11) - 2;
-    for (int W = 1; W <= 8; W++)
-        for (int di = 0; di < 3; di++) {
-            const int D = (W + di) % 2 ? 37 : 300;
-            conv_update_case(4, 4, NULL, D, W, dts[di], (W + di) % 2, W % 2, 0, rng_u64(r));
-            conv_update_case(7, 6, rep, D, W, dts[di], (W + di + 1) % 2, 1, W % 3 == 0, rng_u64(r));
-            conv_update_case(6, 4, oor, 65, W, dts[di], 1, 1, 0, rng_u64(r));
-        }
-    conv_update_case(600, 9, many, 40, 4, GDN_BF16, 1, 1, 0, rng_u64(r));
-    conv_update_case(600, 9, many, 33, 3, GDN_F32, 0, 0, 1, rng_u64(r));
-    conv_update_case(256, 256, NULL, 8192, 4, GDN_BF16, 1, 1, 0, rng_u64(r));
-    conv_update_case(3, 5, rep + 2, 2048, 8, GDN_F16, 1, 0, 0, rng_u64(r));
-}
-
-/* ---- conv1d backward ---- */
-
-typedef struct cbcase {
-    int64_t B, T;
-    int nseq;                 /* > 0: varlen (B = 1), lengths in lens */
-    int64_t lens[10];
-    int D, W;
-    gdn_dtype dt;
-    int silu, bias, h0, dht;  /* inputs given */
-    int dbias, dh0;           /* outputs wanted */
-    int misalign;             /* x, dy and dx one element off 16-byte alignment */
-    int stream;               /* a stream of its own rather than the default one */
-} cbcase;
-
-/* dx, dweight, dbias, dh0 against the reference and the CPU backend, then a
- * second run: the same bits */
-static void conv_bwd_case(const cbcase *k, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    int64_t cu[11] = {0}, B = k->B, T = k->T, N = k->B;
-    if (k->nseq) {
-        B = 1; T = 0;
-        for (int i = 0; i < k->nseq; i++) { T += k->lens[i]; cu[i + 1] = T; }
-        N = k->nseq;
-    }
-    const int D = k->D, W = k->W;
-    const gdn_dtype dt = k->dt;
-    const size_t nx = (size_t)(B * T) * D, nw = (size_t)D * W, nst = (size_t)N * D * W, es = t_dsize(dt);
-    char ctx[420], lens[120] = "";
-    for (int i = 0, o = 0; i < k->nseq; i++) o += snprintf(lens + o, sizeof lens - o, "%s%lld", i ? "," : "", (long long)k->lens[i]);
-    snprintf(ctx, sizeof ctx, "op=conv1d_bwd backend=cuda B%lld T%lld%s%s%s D%d W%d dtype=%s silu=%d bias=%d h0=%d dht=%d "
-             "dbias=%d dh0=%d misalign=%d stream=%d seed=%llu", (long long)B, (long long)T, k->nseq ? " varlen[" : "", lens,
-             k->nseq ? "]" : "", D, W, t_dtype_name(dt), k->silu, k->bias, k->h0, k->dht, k->dbias, k->dh0, k->misalign,
-             k->stream, (unsigned long long)seed);
-    double *xd = dvec(nx), *dyd = dvec(nx), *wd = dvec(nw), *bd = dvec(D), *h0d = dvec(nst), *dhtd = dvec(nst);
-    double *dxr = dvec(nx), *dwr = dvec(nw), *dbr = dvec(D), *dh0r = dvec(nst);
-    void *x = rnd(&r, dt, nx, 1.0, xd), *dy = rnd(&r, dt, nx, 1.0, dyd);
-    float *w = rnd(&r, GDN_F32, nw, 0.6, wd), *bias = rnd(&r, GDN_F32, D, 0.5, bd), *h0 = rnd(&r, GDN_F32, nst, 1.0, h0d);
-    float *dht = rnd(&r, GDN_F32, nst, 1.0, dhtd);
-    gdn_conv1d_config c = {.B = B, .T = T, .D = D, .W = W, .dtype = dt, .silu = k->silu};
-    if (k->nseq) { c.cu_seqlens = cu; c.num_seqs = k->nseq; }
-    gdn_ref_conv1d_bwd(&c, xd, wd, k->bias ? bd : NULL, k->h0 ? h0d : NULL, dyd, k->dht ? dhtd : NULL, dxr, dwr, dbr, dh0r);
-
-    /* the CPU backend on the same inputs */
-    void *hdx = t_alloc(nx * es);
-    float *hdw = t_alloc(nw * 4), *hdb = t_alloc((size_t)D * 4), *hdh0 = t_alloc(nst * 4);
-    const gdn_conv1d_bwd_args ha = {x, w, k->bias ? bias : NULL, k->h0 ? h0 : NULL, dy, k->dht ? dht : NULL,
-                                    hdx, hdw, k->dbias ? hdb : NULL, k->dh0 ? hdh0 : NULL};
-    const gdn_status hs = gdn_conv1d_bwd(NULL, &c, &ha);
-    check(hs == GDN_OK, ctx, "CPU backward: status %s (%s)", gdn_status_string(hs), gdn_last_error());
-    double *cdx = as_d(dt, hdx, nx), *cdw = as_d(GDN_F32, hdw, nw), *cdb = as_d(GDN_F32, hdb, D),
-           *cdh0 = as_d(GDN_F32, hdh0, nst);
-
-    void *xb, *yb, *dxb, *dwb, *dbb, *dh0b;
-    const void *dxin = dput_at(x, nx, dt, k->misalign, &xb), *ddy = dput_at(dy, nx, dt, k->misalign, &yb);
-    void *ddx = dnan_at(dt, nx, k->misalign, &dxb);
-    float *ddw = dnan_at(GDN_F32, nw, 0, &dwb), *ddb = dnan_at(GDN_F32, D, 0, &dbb), *ddh0 = dnan_at(GDN_F32, nst, 0, &dh0b);
-    float *dwt = dput(w, nw * 4), *dbias = dput(bias, (size_t)D * 4), *dh0in = dput(h0, nst * 4), *ddht = dput(dht, nst * 4);
-    int64_t *dcu = dput(cu, sizeof cu);
-    cudaStream_t st = NULL;
-    if (k->stream) cudaStreamCreate(&st);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, st, 0, 0};
-    if (k->nseq) c.cu_seqlens_dev = dcu;
-    const gdn_conv1d_bwd_args a = {dxin, dwt, k->bias ? dbias : NULL, k->h0 ? dh0in : NULL, ddy, k->dht ? ddht : NULL,
-                                   ddx, ddw, k->dbias ? ddb : NULL, k->dh0 ? ddh0 : NULL};
-    gdn_status s = gdn_conv1d_bwd(&ex, &c, &a);
-    if (ran(ctx, s)) {
-        const double bg = bound_grad(dt);
-        dclose(ctx, "dx", dt, ddx, dxr, nx, bg);
-        dclose(ctx, "dweight", GDN_F32, ddw, dwr, nw, bg);
-        if (k->dbias) dclose(ctx, "dbias", GDN_F32, ddb, dbr, D, bg);
-        if (k->dh0) dclose(ctx, "dh0", GDN_F32, ddh0, dh0r, nst, bg);
-        if (hs == GDN_OK) {
-            dclose(ctx, "dx vs the CPU backend", dt, ddx, cdx, nx, bg);
-            dclose(ctx, "dweight vs the CPU backend", GDN_F32, ddw, cdw, nw, bg);
-            if (k->dbias) dclose(ctx, "dbias vs the CPU backend", GDN_F32, ddb, cdb, D, bg);
-            if (k->dh0) dclose(ctx, "dh0 vs the CPU backend", GDN_F32, ddh0, cdh0, nst, bg);
-        }
-        const obuf o[4] = {{ddx, dt, nx}, {ddw, GDN_F32, nw}, {k->dbias ? ddb : NULL, GDN_F32, D},
-                           {k->dh0 ? ddh0 : NULL, GDN_F32, nst}};
-        void *keep[4];
-        obuf_keep(o, 4, keep);
-        s = gdn_conv1d_bwd(&ex, &c, &a);
-        if (ran(ctx, s)) check(obuf_same(o, 4, keep), ctx, "a second run gave other bits");
-        else for (int i = 0; i < 4; i++) free(keep[i]);
-    }
-    if (st) cudaStreamDestroy(st);
-    void *dev[] = {xb, yb, dxb, dwb, dbb, dh0b, dwt, dbias, dh0in, ddht, dcu};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(dyd); free(wd); free(bd); free(h0d); free(dhtd); free(dxr); free(dwr); free(dbr); free(dh0r);
-    free(x); free(dy); free(w); free(bias); free(h0); free(dht); free(hdx); free(hdw); free(hdb); free(hdh0);
-    free(cdx); free(cdw); free(cdb); free(cdh0);
-}
-
-static void test_conv_bwd(rng *r) {
-    long idx = 0;
-    /* every W x dtype x T, B = 2; D = 37 (a partial channel group) or 64; options cycle over all 32 */
-    const int64_t Ts[6] = {0, 1, 3, 64, 65, 2 + rng_int(r, 0, 150)};
-    for (int W = 1; W <= 8; W++)
-        for (int di = 0; di < 3; di++)
-            for (int ti = 0; ti < 6; ti++, idx++) {
-                if (g_quick && ti % 2) continue;
-                const unsigned o = (unsigned)(idx * 23 % 32);
-                cbcase k = {.B = 2, .T = Ts[ti], .D = (idx % 2) ? 64 : 37, .W = W, .dt = dts[di], .silu = (int)(idx % 3 != 0),
-                            .bias = !!(o & 1), .h0 = !!(o & 2), .dht = !!(o & 4), .dbias = !!(o & 8), .dh0 = !!(o & 16),
-                            .misalign = (idx % 7 == 3), .stream = (idx % 5 == 2)};
-                if (ti == 3) k.bias = k.h0 = k.dht = k.dbias = k.dh0 = 1;
-                conv_bwd_case(&k, rng_u64(r));
-            }
-    /* varlen: empty, 1-token and ragged sequences (sequences shorter than W: dht reaches dh0) */
-    const int64_t sets[5][8] = {{0, 1, 5, 0, 17, 1, 64, 3}, {1}, {0}, {70, 0, 1, 130, 2}, {0}};
-    const int set_n[5] = {8, 1, 1, 5, 7};
-    for (int si = 0; si < 5; si++)
-        for (int W = 1; W <= 8; W++)
-            for (int di = 0; di < 3; di++, idx++) {
-                if (g_quick && (W + di) % 2) continue;
-                cbcase k = {.nseq = set_n[si], .D = si == 3 ? 19 : (W % 2 ? 64 : 40), .W = W, .dt = dts[di],
-                            .silu = (int)(idx % 2), .bias = 1, .h0 = (int)(idx % 3 != 1), .dht = (int)(idx % 4 != 2),
-                            .dbias = 1, .dh0 = 1, .misalign = si == 2 || (si == 0 && di == 1)};
-                for (int i = 0; i < k.nseq; i++) k.lens[i] = si == 4 ? rng_int(r, 0, 80) : sets[si][i];
-                conv_bwd_case(&k, rng_u64(r));
-            }
-    /* layer-sized channel counts, and enough rows that every rank of a cluster walks many tiles */
-    const cbcase big[] = {
-        {.B = 2, .T = 65, .D = 2048, .W = 4, .dt = GDN_BF16, .silu = 1, .bias = 1, .h0 = 1, .dht = 1, .dbias = 1, .dh0 = 1},
-        {.B = 1, .T = 100, .D = 8192, .W = 4, .dt = GDN_BF16, .silu = 1, .bias = 1, .h0 = 1, .dht = 1, .dbias = 1, .dh0 = 1},
-        {.B = 3, .T = 33, .D = 2048, .W = 3, .dt = GDN_F32, .silu = 0, .dht = 1, .dh0 = 1, .stream = 1},
-        {.B = 1, .T = 64, .D = 2048, .W = 8, .dt = GDN_F16, .silu = 1, .bias = 1, .h0 = 1, .dht = 1, .dbias = 1, .dh0 = 1},
-        {.B = 2, .T = 40, .D = 1, .W = 4, .dt = GDN_F32, .silu = 1, .bias = 1, .h0 = 1, .dht = 1, .dbias = 1, .dh0 = 1},
-        {.B = 1, .T = 120000, .D = 37, .W = 4, .dt = GDN_F32, .silu = 1, .bias = 1, .h0 = 1, .dht = 1, .dbias = 1, .dh0 = 1},
-        {.B = 2, .T = 3000, .D = 72, .W = 6, .dt = GDN_BF16, .silu = 1, .h0 = 1, .dbias = 1, .misalign = 1},
-        {.nseq = 4, .lens = {60000, 0, 1, 59999}, .D = 37, .W = 4, .dt = GDN_F16, .silu = 1, .bias = 1, .h0 = 1, .dht = 1,
-         .dbias = 1, .dh0 = 1},
-        {.nseq = 4, .lens = {0, 1, 77, 3}, .D = 2048, .W = 4, .dt = GDN_BF16, .silu = 1, .bias = 1, .h0 = 1, .dht = 1,
-         .dbias = 1, .dh0 = 1},
-        {.nseq = 9, .lens = {300, 1, 2, 3, 0, 4, 5, 6, 1000}, .D = 100, .W = 7, .dt = GDN_BF16, .silu = 1, .h0 = 1,
-         .dht = 1, .dh0 = 1, .misalign = 1},
-    };
-    for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
-        if (g_quick && big[i].B * big[i].T > 10000) continue;
-        if (g_quick && big[i].nseq && big[i].lens[0] > 10000) continue;
-        conv_bwd_case(&big[i], rng_u64(r));
-    }
-}
-
-/* ---- gated RMSNorm, gate, L2 norm ---- */
-
-static void rmsnorm_case(int64_t rows, int V, gdn_dtype dt, gdn_norm_gate g, float eps, int want_rstd, int misalign,
-                         uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=rmsnorm_fwd backend=cuda dtype=%s gate=%s rows=%lld V=%d eps=%g rstd=%s misalign=%d "
-             "seed=%llu", t_dtype_name(dt), g == GDN_NORM_GATE_SILU ? "silu" : "sigmoid", (long long)rows, V, (double)eps,
-             want_rstd ? "kept" : "NULL", misalign, (unsigned long long)seed);
-    const size_t n = (size_t)rows * V;
-    double *xd = dvec(n), *zd = dvec(n), *wd = dvec(V), *yr = dvec(n), *rsr = dvec((size_t)rows);
-    void *x = rnd(&r, dt, n, 1.0, xd), *z = rnd(&r, dt, n, 1.5, zd);
-    float *w = rnd(&r, GDN_F32, V, 1.0, wd);
-    for (int64_t i = 0; i < rows; i += 5)   /* some rows tiny: eps matters */
-        for (int v = 0; v < V; v++) xd[i * V + v] = t_store(dt, x, (size_t)i * V + v, (float)(1e-3 * xd[i * V + v]));
-    gdn_ref_rmsnorm_fwd(rows, V, eps, g, xd, zd, wd, yr, rsr);
-    void *xb, *zb, *yb, *rb;
-    const void *dx = dput_at(x, n, dt, misalign, &xb), *dz = dput_at(z, n, dt, 0, &zb);
-    void *dy = dnan_at(dt, n, misalign, &yb);
-    float *drs = dnan_at(GDN_F32, (size_t)rows, 0, &rb), *dw = dput(w, (size_t)V * 4);
-    const gdn_rmsnorm_config c = {rows, V, dt, eps, g};
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    const gdn_status s = gdn_rmsnorm_gated_fwd(&ex, &c, dx, dz, dw, dy, want_rstd ? drs : NULL);
-    if (ran(ctx, s)) {
-        dclose(ctx, "y", dt, dy, yr, n, bound_fwd(dt));
-        if (want_rstd) dclose(ctx, "rstd", GDN_F32, drs, rsr, (size_t)rows, bound_fwd(GDN_F32));
-    }
-    void *dev[] = {xb, zb, yb, rb, dw};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(zd); free(wd); free(yr); free(rsr); free(x); free(z); free(w);
-}
-
-static void gate_case(int64_t rows, int HV, gdn_dtype dt, int with_bias, int misalign, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=gate_fwd backend=cuda rows=%lld HV=%d dtype=%s dt_bias=%s misalign=%d seed=%llu",
-             (long long)rows, HV, t_dtype_name(dt), with_bias ? "yes" : "NULL", misalign, (unsigned long long)seed);
-    const size_t n = (size_t)rows * HV;
-    double *ad = dvec(n), *gr = dvec(n), *Ad = dvec(HV), *bd = dvec(HV);
-    void *a = t_alloc(n * t_dsize(dt) + 2);
-    for (size_t i = 0; i < n; i++) {
-        double v = 3.0 * rng_normal(&r);
-        if (i % 17 == 5) v = 21.0 + 5.0 * rng_uniform(&r);   /* the softplus(x) = x branch */
-        ad[i] = t_store(dt, a, i, (float)v);
-    }
-    float *A = t_alloc((size_t)HV * 4), *bias = t_alloc((size_t)HV * 4);
-    for (int j = 0; j < HV; j++) {
-        A[j] = (float)log(1.0 + 15.0 * rng_uniform(&r)); Ad[j] = A[j];
-        bias[j] = (float)(0.5 * rng_normal(&r)); bd[j] = bias[j];
-    }
-    gdn_ref_gate_fwd(rows, HV, ad, Ad, with_bias ? bd : NULL, gr);
-    void *ab, *gb;
-    const void *da = dput_at(a, n, dt, misalign, &ab);
-    float *dg = dnan_at(GDN_F32, n, misalign, &gb), *dA = dput(A, (size_t)HV * 4), *dbias = dput(bias, (size_t)HV * 4);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    const gdn_status s = gdn_gate_fwd(&ex, rows, HV, dt, da, dA, with_bias ? dbias : NULL, dg);
-    if (ran(ctx, s)) dclose(ctx, "g", GDN_F32, dg, gr, n, bound_fwd(dt));
-    void *dev[] = {ab, gb, dA, dbias};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(ad); free(gr); free(Ad); free(bd); free(a); free(A); free(bias);
-}
-
-static void l2norm_case(int64_t rows, int dim, gdn_dtype dt, int want_rstd, int misalign, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=l2norm_fwd backend=cuda rows=%lld dim=%d dtype=%s rstd=%s misalign=%d seed=%llu",
-             (long long)rows, dim, t_dtype_name(dt), want_rstd ? "kept" : "NULL", misalign, (unsigned long long)seed);
-    const size_t n = (size_t)rows * dim;
-    double *xd = dvec(n), *yr = dvec(n), *rsr = dvec((size_t)rows);
-    void *x = t_alloc(n * t_dsize(dt) + 2);
-    for (size_t i = 0; i < n; i++) xd[i] = t_store(dt, x, i, (float)(rng_normal(&r) * ((i / dim) % 7 == 3 ? 1e-3 : 1.0)));
-    gdn_ref_l2norm_fwd(rows, dim, xd, yr, rsr);
-    void *xb, *yb, *rb;
-    const void *dx = dput_at(x, n, dt, misalign, &xb);
-    void *dy = dnan_at(dt, n, misalign, &yb);
-    float *drs = dnan_at(GDN_F32, (size_t)rows, 0, &rb);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    const gdn_status s = gdn_l2norm_fwd(&ex, rows, dim, dt, dx, dy, want_rstd ? drs : NULL);
-    if (ran(ctx, s)) {
-        dclose(ctx, "y", dt, dy, yr, n, bound_fwd(dt));
-        if (want_rstd) dclose(ctx, "rstd", GDN_F32, drs, rsr, (size_t)rows, bound_fwd(dt));
-    }
-    void *dev[] = {xb, yb, rb};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(yr); free(rsr); free(x);
-}
-
-static void test_norms(rng *r) {
-    const int64_t rows_list[4] = {0, 1, 37, 1000};
-    const int Vs[10] = {1, 5, 64, 128, 130, 256, 1000, 1024, 2048, 4100};
-    long k = 0;
-    for (int di = 0; di < 3; di++)
-        for (int gi = 0; gi < 2; gi++)
-            for (int ri = 0; ri < 4; ri++)
-                for (int vi = 0; vi < 10; vi++, k++) {
-                    if (g_quick && k % 3) continue;
-                    const int64_t rows = Vs[vi] >= 1000 ? rows_list[ri] / 8 : rows_list[ri];
-                    rmsnorm_case(rows, Vs[vi], dts[di], (gdn_norm_gate)gi, k % 2 ? 1e-5f : 1e-6f, (int)(k / 2 % 2),
-                                 k % 11 == 4, rng_u64(r));
-                }
-    const int HVs[4] = {1, 3, 4, 32};
-    for (int di = 0; di < 3; di++)
-        for (int ri = 0; ri < 4; ri++)
-            for (int hi = 0; hi < 4; hi++, k++)
-                gate_case(rows_list[ri] + (ri == 3 ? 3 : 0), HVs[hi], dts[di], (int)(k % 2), k % 5 == 1, rng_u64(r));
-    const int dims[8] = {1, 2, 24, 64, 128, 256, 1000, 3000};
-    for (int di = 0; di < 3; di++)
-        for (int ri = 0; ri < 4; ri++)
-            for (int mi = 0; mi < 8; mi++, k++) {
-                if (g_quick && k % 3) continue;
-                l2norm_case(dims[mi] >= 1000 ? rows_list[ri] / 8 : rows_list[ri], dims[mi], dts[di], (int)(k % 2 == 0),
-                            k % 7 == 2, rng_u64(r));
-            }
-}
-
-/* ---- gated RMSNorm, gate and L2 norm backward ---- */
-
-static void rmsnorm_bwd_case(int64_t rows, int V, gdn_dtype dt, gdn_norm_gate g, float eps, int give_rstd, int misalign,
-                             uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=rmsnorm_bwd backend=cuda dtype=%s gate=%s rows=%lld V=%d eps=%g rstd=%s misalign=%d "
-             "seed=%llu", t_dtype_name(dt), g == GDN_NORM_GATE_SILU ? "silu" : "sigmoid", (long long)rows, V, (double)eps,
-             give_rstd ? "given" : "NULL", misalign, (unsigned long long)seed);
-    const size_t n = (size_t)rows * V, es = t_dsize(dt);
-    double *xd = dvec(n), *zd = dvec(n), *dyd = dvec(n), *wd = dvec(V), *yr = dvec(n), *rsr = dvec((size_t)rows);
-    double *dxr = dvec(n), *dzr = dvec(n), *dwr = dvec(V);
-    void *x = t_alloc(n * es + 2), *z = t_alloc(n * es + 2), *dy = t_alloc(n * es + 2);
-    for (size_t i = 0; i < n; i++) {
-        const int64_t row = (int64_t)(i / V);
-        /* every 7th row tiny, so that mean(x^2) ~ eps (f16: less tiny, dx ~ r must stay in range) */
-        xd[i] = t_store(dt, x, i, (float)(rng_normal(&r) * (row % 7 == 3 ? (dt == GDN_F16 ? 3e-3 : 1e-3) : 1.0)));
-        double zz = 2.5 * rng_normal(&r);
-        if (i % 23 == 11)   /* saturated gate: sigmoid(z) = 0 or 1 in fp32 */
-            zz = (i % 2 ? 1 : -1) * (g == GDN_NORM_GATE_SILU ? 10 + 10 * rng_uniform(&r) : 20 + 20 * rng_uniform(&r));
-        zd[i] = t_store(dt, z, i, (float)zz);
-        dyd[i] = t_store(dt, dy, i, (float)rng_normal(&r));
-    }
-    float *w = t_alloc((size_t)V * 4), *rs = t_alloc((size_t)rows * 4 + 4);
-    for (int i = 0; i < V; i++) { w[i] = (float)(1 + 0.2 * rng_normal(&r)); wd[i] = w[i]; }
-    gdn_ref_rmsnorm_fwd(rows, V, eps, g, xd, zd, wd, yr, rsr);
-    gdn_ref_rmsnorm_bwd(rows, V, eps, g, xd, zd, wd, dyd, dxr, dzr, dwr);
-    for (int64_t i = 0; i < rows; i++) rs[i] = (float)rsr[i];   /* the forward's rstd */
-    const gdn_rmsnorm_config c = {rows, V, dt, eps, g};
-
-    /* the CPU backend on the same inputs */
-    void *hdx = t_alloc(n * es), *hdz = t_alloc(n * es);
-    float *hdw = t_alloc((size_t)V * 4);
-    const gdn_status hs = gdn_rmsnorm_gated_bwd(NULL, &c, x, z, w, give_rstd ? rs : NULL, dy, hdx, hdz, hdw);
-    check(hs == GDN_OK, ctx, "CPU backward: status %s (%s)", gdn_status_string(hs), gdn_last_error());
-    double *cdx = as_d(dt, hdx, n), *cdz = as_d(dt, hdz, n), *cdw = as_d(GDN_F32, hdw, V);
-
-    void *xb, *zb, *gb, *dxb, *dzb, *dwb;
-    const void *ddx_in = dput_at(x, n, dt, misalign, &xb), *dzin = dput_at(z, n, dt, 0, &zb);
-    const void *ddy = dput_at(dy, n, dt, misalign, &gb);
-    void *ddx = dnan_at(dt, n, misalign, &dxb), *ddz = dnan_at(dt, n, 0, &dzb);
-    float *ddw = dnan_at(GDN_F32, V, 0, &dwb), *dw_in = dput(w, (size_t)V * 4), *drs = dput(rs, (size_t)rows * 4);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    gdn_status s = gdn_rmsnorm_gated_bwd(&ex, &c, ddx_in, dzin, dw_in, give_rstd ? drs : NULL, ddy, ddx, ddz, ddw);
-    if (ran(ctx, s)) {
-        const double bg = bound_grad(dt);
-        dclose(ctx, "dx", dt, ddx, dxr, n, bg);
-        dclose(ctx, "dz", dt, ddz, dzr, n, bg);
-        dclose(ctx, "dw", GDN_F32, ddw, dwr, V, bg);
-        if (hs == GDN_OK) {
-            dclose(ctx, "dx vs the CPU backend", dt, ddx, cdx, n, bg);
-            dclose(ctx, "dz vs the CPU backend", dt, ddz, cdz, n, bg);
-            dclose(ctx, "dw vs the CPU backend", GDN_F32, ddw, cdw, V, bg);
-        }
-        const obuf o[3] = {{ddx, dt, n}, {ddz, dt, n}, {ddw, GDN_F32, (size_t)V}};
-        void *keep[3];
-        obuf_keep(o, 3, keep);
-        s = gdn_rmsnorm_gated_bwd(&ex, &c, ddx_in, dzin, dw_in, give_rstd ? drs : NULL, ddy, ddx, ddz, ddw);
-        if (ran(ctx, s)) check(obuf_same(o, 3, keep), ctx, "a second run gave other bits");
-        else for (int i = 0; i < 3; i++) free(keep[i]);
-    }
-    void *dev[] = {xb, zb, gb, dxb, dzb, dwb, dw_in, drs};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(zd); free(dyd); free(wd); free(yr); free(rsr); free(dxr); free(dzr); free(dwr);
-    free(x); free(z); free(dy); free(w); free(rs); free(hdx); free(hdz); free(hdw); free(cdx); free(cdz); free(cdw);
-}
-
-static void gate_bwd_case(int64_t rows, int HV, gdn_dtype dt, int with_bias, int want_ddt, int misalign, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=gate_bwd backend=cuda rows=%lld HV=%d dtype=%s dt_bias=%s ddt_bias=%s misalign=%d seed=%llu",
-             (long long)rows, HV, t_dtype_name(dt), with_bias ? "yes" : "NULL", want_ddt ? "wanted" : "NULL", misalign,
-             (unsigned long long)seed);
-    const size_t n = (size_t)rows * HV;
-    double *ad = dvec(n), *dgd = dvec(n), *Ad = dvec(HV), *bd = dvec(HV), *dar = dvec(n), *dAr = dvec(HV), *ddtr = dvec(HV);
-    void *a = t_alloc(n * t_dsize(dt) + 2);
-    float *dg = t_alloc(n * 4 + 4);
-    for (size_t i = 0; i < n; i++) {
-        double v = 3.0 * rng_normal(&r);
-        if (i % 17 == 5) v = 21.0 + 5.0 * rng_uniform(&r);   /* the softplus(x) = x branch */
-        ad[i] = t_store(dt, a, i, (float)v);
-        dg[i] = (float)rng_normal(&r); dgd[i] = dg[i];
-    }
-    float *A = t_alloc((size_t)HV * 4), *bias = t_alloc((size_t)HV * 4);
-    for (int j = 0; j < HV; j++) {
-        A[j] = (float)log(1.0 + 15.0 * rng_uniform(&r)); Ad[j] = A[j];
-        bias[j] = (float)(0.5 * rng_normal(&r)); bd[j] = bias[j];
-    }
-    gdn_ref_gate_bwd(rows, HV, ad, Ad, with_bias ? bd : NULL, dgd, dar, dAr, ddtr);
-
-    /* the CPU backend on the same inputs */
-    void *hda = t_alloc(n * t_dsize(dt));
-    float *hdA = t_alloc((size_t)HV * 4), *hddt = t_alloc((size_t)HV * 4);
-    const gdn_status hs = gdn_gate_bwd(NULL, rows, HV, dt, a, A, with_bias ? bias : NULL, dg, hda, hdA, want_ddt ? hddt : NULL);
-    check(hs == GDN_OK, ctx, "CPU backward: status %s (%s)", gdn_status_string(hs), gdn_last_error());
-    double *cda = as_d(dt, hda, n), *cdA = as_d(GDN_F32, hdA, HV), *cddt = as_d(GDN_F32, hddt, HV);
-
-    void *ab, *gb, *dab, *dAb, *ddtb;
-    const void *da_in = dput_at(a, n, dt, misalign, &ab);
-    const float *ddg = dput_at(dg, n, GDN_F32, misalign, &gb);
-    void *dda = dnan_at(dt, n, misalign, &dab);
-    float *ddA = dnan_at(GDN_F32, HV, 0, &dAb), *dddt = dnan_at(GDN_F32, HV, 0, &ddtb);
-    float *dA_in = dput(A, (size_t)HV * 4), *dbias = dput(bias, (size_t)HV * 4);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    gdn_status s = gdn_gate_bwd(&ex, rows, HV, dt, da_in, dA_in, with_bias ? dbias : NULL, ddg, dda, ddA,
-                                want_ddt ? dddt : NULL);
-    if (ran(ctx, s)) {
-        const double bg = bound_grad(dt);
-        dclose(ctx, "da", dt, dda, dar, n, bg);
-        dclose(ctx, "dA_log", GDN_F32, ddA, dAr, HV, bg);
-        if (want_ddt) dclose(ctx, "ddt_bias", GDN_F32, dddt, ddtr, HV, bg);
-        if (hs == GDN_OK) {
-            dclose(ctx, "da vs the CPU backend", dt, dda, cda, n, bg);
-            dclose(ctx, "dA_log vs the CPU backend", GDN_F32, ddA, cdA, HV, bg);
-            if (want_ddt) dclose(ctx, "ddt_bias vs the CPU backend", GDN_F32, dddt, cddt, HV, bg);
-        }
-        const obuf o[3] = {{dda, dt, n}, {ddA, GDN_F32, (size_t)HV}, {want_ddt ? dddt : NULL, GDN_F32, (size_t)HV}};
-        void *keep[3];
-        obuf_keep(o, 3, keep);
-        s = gdn_gate_bwd(&ex, rows, HV, dt, da_in, dA_in, with_bias ? dbias : NULL, ddg, dda, ddA, want_ddt ? dddt : NULL);
-        if (ran(ctx, s)) check(obuf_same(o, 3, keep), ctx, "a second run gave other bits");
-        else for (int i = 0; i < 3; i++) free(keep[i]);
-    }
-    void *dev[] = {ab, gb, dab, dAb, ddtb, dA_in, dbias};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(ad); free(dgd); free(Ad); free(bd); free(dar); free(dAr); free(ddtr); free(a); free(dg); free(A); free(bias);
-    free(hda); free(hdA); free(hddt); free(cda); free(cdA); free(cddt);
-}
-
-static void l2norm_bwd_case(int64_t rows, int dim, gdn_dtype dt, int misalign, uint64_t seed) {
-    rng r;
-    rng_seed(&r, seed);
-    char ctx[300];
-    snprintf(ctx, sizeof ctx, "op=l2norm_bwd backend=cuda rows=%lld dim=%d dtype=%s misalign=%d seed=%llu", (long long)rows,
-             dim, t_dtype_name(dt), misalign, (unsigned long long)seed);
-    const size_t n = (size_t)rows * dim;
-    double *xd = dvec(n), *dyd = dvec(n), *yr = dvec(n), *rsr = dvec((size_t)rows), *dxr = dvec(n);
-    void *x = t_alloc(n * t_dsize(dt) + 2), *dy = t_alloc(n * t_dsize(dt) + 2);
-    for (size_t i = 0; i < n; i++) {
-        xd[i] = t_store(dt, x, i, (float)(rng_normal(&r) * ((i / dim) % 7 == 3 ? 1e-3 : 1.0)));
-        dyd[i] = t_store(dt, dy, i, (float)rng_normal(&r));
-    }
-    gdn_ref_l2norm_fwd(rows, dim, xd, yr, rsr);
-    gdn_ref_l2norm_bwd(rows, dim, xd, dyd, dxr);
-    float *rs = t_alloc((size_t)rows * 4 + 4);
-    for (int64_t i = 0; i < rows; i++) rs[i] = (float)rsr[i];   /* the forward's rstd */
-
-    /* the CPU backend on the same inputs */
-    void *hdx = t_alloc(n * t_dsize(dt));
-    const gdn_status hs = gdn_l2norm_bwd(NULL, rows, dim, dt, x, rs, dy, hdx);
-    check(hs == GDN_OK, ctx, "CPU backward: status %s (%s)", gdn_status_string(hs), gdn_last_error());
-    double *cdx = as_d(dt, hdx, n);
-
-    void *xb, *yb, *dxb;
-    const void *dx_in = dput_at(x, n, dt, misalign, &xb), *ddy = dput_at(dy, n, dt, misalign, &yb);
-    void *ddx = dnan_at(dt, n, misalign, &dxb);
-    float *drs = dput(rs, (size_t)rows * 4);
-    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
-    gdn_status s = gdn_l2norm_bwd(&ex, rows, dim, dt, dx_in, drs, ddy, ddx);
-    if (ran(ctx, s)) {
-        dclose(ctx, "dx", dt, ddx, dxr, n, bound_grad(dt));
-        if (hs == GDN_OK) dclose(ctx, "dx vs the CPU backend", dt, ddx, cdx, n, bound_grad(dt));
-        const obuf o[1] = {{ddx, dt, n}};
-        void *keep[1];
-        obuf_keep(o, 1, keep);
-        s = gdn_l2norm_bwd(&ex, rows, dim, dt, dx_in, drs, ddy, ddx);
-        if (ran(ctx, s)) check(obuf_same(o, 1, keep), ctx, "a second run gave other bits");
-        else free(keep[0]);
-    }
-    void *dev[] = {xb, yb, dxb, drs};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(xd); free(dyd); free(yr); free(rsr); free(dxr); free(x); free(dy); free(rs); free(hdx); free(cdx);
-}
-
-static void test_norms_bwd(rng *r) {
-    const int64_t rows_list[4] = {0, 1, 37, 1000};
-    const int Vs[10] = {1, 5, 64, 128, 130, 256, 1000, 1024, 2048, 4100};
-    long k = 0;
-    for (int di = 0; di < 3; di++)
-        for (int gi = 0; gi < 2; gi++)
-            for (int ri = 0; ri < 4; ri++)
-                for (int vi = 0; vi < 10; vi++, k++) {
-                    if (g_quick && k % 3) continue;
-                    const int64_t rows = Vs[vi] >= 1000 ? rows_list[ri] / 8 : rows_list[ri];
-                    rmsnorm_bwd_case(rows, Vs[vi], dts[di], (gdn_norm_gate)gi, k % 2 ? 1e-5f : 1e-6f, (int)(k / 2 % 2),
-                                     k % 11 == 4, rng_u64(r));
-                }
-    /* many rows: every rank of the dw cluster walks several batches, with and without rstd */
-    for (int give = 0; give < 2; give++) {
-        rmsnorm_bwd_case(20000, 128, GDN_BF16, GDN_NORM_GATE_SILU, 1e-6f, give, 0, rng_u64(r));
-        rmsnorm_bwd_case(9001, 96, GDN_F32, GDN_NORM_GATE_SIGMOID, 1e-5f, give, give, rng_u64(r));
-        rmsnorm_bwd_case(5000, 3, GDN_F16, GDN_NORM_GATE_SILU, 1e-6f, give, 0, rng_u64(r));
-    }
-    const int64_t grows[5] = {0, 1, 37, 1003, 30000};
-    const int HVs[5] = {1, 3, 4, 32, 48};
-    for (int di = 0; di < 3; di++)
-        for (int ri = 0; ri < 5; ri++)
-            for (int hi = 0; hi < 5; hi++, k++) {
-                if (g_quick && ri == 4 && hi != 3) continue;
-                gate_bwd_case(grows[ri], HVs[hi], dts[di], (int)(k % 2), (int)(k % 3 != 1), k % 5 == 1, rng_u64(r));
-            }
-    const int dims[8] = {2, 5, 24, 64, 128, 256, 1000, 3000};   /* not 1: dx there is all cancellation (test_backend.c) */
-    for (int di = 0; di < 3; di++)
-        for (int ri = 0; ri < 4; ri++)
-            for (int mi = 0; mi < 8; mi++, k++) {
-                if (g_quick && k % 3) continue;
-                l2norm_bwd_case(dims[mi] >= 1000 ? rows_list[ri] / 8 : rows_list[ri], dims[mi], dts[di], k % 7 == 2,
-                                rng_u64(r));
-            }
-}
+#include "test_cuda_util.h"
 
 /* ---- the decode step with its conv (conv_W > 0), and the wide kernel at odd K ---- */
 
@@ -1016,6 +249,108 @@ static void test_bad_input(void) {
     cudaFree(din); cudaFree(dout); cudaFree(dout2); cudaFree(dst);
 }
 
+/* ---- misaligned pointers on CUDA: every pointer must be aligned to its
+ * elements (gdn.h, "The CUDA backend"); the vector widths the kernels pick
+ * from the alignment themselves are tested with one element off
+ * (test_cuda_conv1d.c, test_cuda_norm.c: misalign = 1) ---- */
+
+static void test_bad_align(void) {
+    enum { NB = 4096 };
+    unsigned char pat[NB];
+    memset(pat, 0x5A, NB);
+    float *din = dalloc_dev(NB), *dout = dput(pat, NB), *dout2 = dput(pat, NB), *dst = dput(pat, NB);
+    float hin[NB / 4];
+    for (int i = 0; i < NB / 4; i++) hin[i] = 0.25f;
+    cudaMemcpy(din, hin, NB, cudaMemcpyHostToDevice);
+    const int32_t hsl[4] = {0, 1, 2, -1};
+    int32_t *dsl = dput(hsl, sizeof hsl);
+    int64_t hcu[3 + 8] = {0, 2, 5};
+    int64_t *dcu = dput(hcu, sizeof hcu);
+    char *ci = (char *)din, *co = (char *)dout, *co2 = (char *)dout2, *cs = (char *)dst;
+    const gdn_exec ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
+    char ctx[200];
+    /* GDN_ERR_OPTION, a message "<name> (0x...) must be N-byte aligned ...", no output byte written */
+#define BADA(what, name, call) do { \
+        const gdn_status s_ = (call); \
+        cudaDeviceSynchronize(); \
+        const int same_ = dsame(dout, pat, NB) && dsame(dout2, pat, NB) && dsame(dst, pat, NB); \
+        const char *m_ = gdn_last_error(); \
+        const int named_ = !strncmp(m_, name " (", strlen(name " (")) && strstr(m_, "aligned") != NULL; \
+        snprintf(ctx, sizeof ctx, "op=%s backend=cuda bad input (misaligned)", what); \
+        check(s_ == GDN_ERR_OPTION && named_ && same_, ctx, "status %s (want GDN_ERR_OPTION), message \"%s\" (want \"%s (...\"), outputs %s", \
+              gdn_status_string(s_), m_, name, same_ ? "unchanged" : "WRITTEN"); \
+    } while (0)
+    /* conv1d forward, backward, update (f32, then bf16 for 1-byte offsets) */
+    gdn_conv1d_config cc = {.B = 1, .T = 5, .D = 6, .W = 4, .dtype = GDN_F32, .silu = 1};
+    gdn_conv1d_config cv = cc;
+    cv.cu_seqlens = hcu; cv.num_seqs = 2; cv.cu_seqlens_dev = (const int64_t *)((char *)dcu + 4);
+    gdn_conv1d_config cb16 = cc;
+    cb16.dtype = GDN_BF16;
+    const gdn_conv1d_args ca = {din, din, NULL, din, dout, dout2};
+    gdn_conv1d_args a = ca;
+    a.x = ci + 2;
+    BADA("conv1d_fwd x 2 bytes off (f32)", "x", gdn_conv1d_fwd(&ex, &cc, &a));
+    a = ca; a.x = ci + 1;
+    BADA("conv1d_fwd x 1 byte off (bf16)", "x", gdn_conv1d_fwd(&ex, &cb16, &a));
+    a = ca; a.y = co + 2;
+    BADA("conv1d_fwd y 2 bytes off", "y", gdn_conv1d_fwd(&ex, &cc, &a));
+    a = ca; a.weight = (const float *)(ci + 2);
+    BADA("conv1d_fwd weight 2 bytes off", "weight", gdn_conv1d_fwd(&ex, &cc, &a));
+    a = ca; a.ht = (float *)(co2 + 2);
+    BADA("conv1d_fwd ht 2 bytes off", "ht", gdn_conv1d_fwd(&ex, &cc, &a));
+    a = ca;
+    BADA("conv1d_fwd cu_seqlens_dev 4 bytes off", "cu_seqlens_dev", gdn_conv1d_fwd(&ex, &cv, &a));
+    const gdn_conv1d_bwd_args cba = {din, din, NULL, NULL, din, NULL, dout, dout2, NULL, dst};
+    gdn_conv1d_bwd_args b = cba;
+    b.dx = co + 2;
+    BADA("conv1d_bwd dx 2 bytes off", "dx", gdn_conv1d_bwd(&ex, &cc, &b));
+    b = cba; b.dweight = (float *)(co2 + 2);
+    BADA("conv1d_bwd dweight 2 bytes off", "dweight", gdn_conv1d_bwd(&ex, &cc, &b));
+    b = cba; b.dh0 = (float *)(cs + 2);
+    BADA("conv1d_bwd dh0 2 bytes off", "dh0", gdn_conv1d_bwd(&ex, &cc, &b));
+    b = cba; b.dy = ci + 1;
+    BADA("conv1d_bwd dy 1 byte off (bf16)", "dy", gdn_conv1d_bwd(&ex, &cb16, &b));
+    gdn_conv1d_config uc = cc;
+    uc.B = 3;
+    BADA("conv1d_update state 2 bytes off", "state",
+         gdn_conv1d_update(&ex, &uc, din, din, NULL, (float *)(cs + 2), 3, NULL, dout));
+    BADA("conv1d_update slots 2 bytes off", "slots",
+         gdn_conv1d_update(&ex, &uc, din, din, NULL, dst, 3, (const int32_t *)((char *)dsl + 2), dout));
+    uc.dtype = GDN_F16;
+    BADA("conv1d_update y 1 byte off (f16)", "y", gdn_conv1d_update(&ex, &uc, din, din, NULL, dst, 3, dsl, co + 1));
+    /* gated RMSNorm */
+    const gdn_rmsnorm_config rc = {4, 16, GDN_BF16, 1e-6f, GDN_NORM_GATE_SILU};
+    BADA("rmsnorm_fwd y 1 byte off (bf16)", "y", gdn_rmsnorm_gated_fwd(&ex, &rc, din, din, din, co + 1, (float *)dout2));
+    BADA("rmsnorm_fwd w 2 bytes off", "w",
+         gdn_rmsnorm_gated_fwd(&ex, &rc, din, din, (const float *)(ci + 2), dout, (float *)dout2));
+    BADA("rmsnorm_fwd rstd 2 bytes off", "rstd", gdn_rmsnorm_gated_fwd(&ex, &rc, din, din, din, dout, (float *)(co2 + 2)));
+    BADA("rmsnorm_bwd dz 1 byte off", "dz", gdn_rmsnorm_gated_bwd(&ex, &rc, din, din, din, NULL, din, dout, co2 + 1, dst));
+    BADA("rmsnorm_bwd dw 2 bytes off", "dw",
+         gdn_rmsnorm_gated_bwd(&ex, &rc, din, din, din, NULL, din, dout, dout2, (float *)(cs + 2)));
+    /* gate and L2 norm */
+    BADA("gate_fwd g 2 bytes off", "g", gdn_gate_fwd(&ex, 4, 2, GDN_F32, din, din, NULL, (float *)(co + 2)));
+    BADA("gate_fwd a 1 byte off (bf16)", "a", gdn_gate_fwd(&ex, 4, 2, GDN_BF16, ci + 1, din, NULL, dout));
+    BADA("gate_bwd da 1 byte off (f16)", "da", gdn_gate_bwd(&ex, 4, 2, GDN_F16, din, din, NULL, din, co + 1, dout2, dst));
+    BADA("gate_bwd dA_log 2 bytes off", "dA_log",
+         gdn_gate_bwd(&ex, 4, 2, GDN_F32, din, din, NULL, din, dout, (float *)(co2 + 2), dst));
+    BADA("l2norm_fwd y 1 byte off (f16)", "y", gdn_l2norm_fwd(&ex, 4, 8, GDN_F16, din, co + 1, dout2));
+    BADA("l2norm_fwd rstd 2 bytes off", "rstd", gdn_l2norm_fwd(&ex, 4, 8, GDN_F16, din, dout, (float *)(co2 + 2)));
+    BADA("l2norm_bwd dx 1 byte off (f16)", "dx", gdn_l2norm_bwd(&ex, 4, 8, GDN_F16, din, din, din, co + 1));
+    /* the decode step with its conv */
+    gdn_decode_config dc = {.B = 2, .H = 1, .HV = 2, .K = 8, .V = 8, .dtype = GDN_F32, .num_slots = 2, .conv_W = 4};
+    const gdn_decode_args dgood = {.proj = din, .conv_state = dout2, .conv_weight = din, .a = din, .b = din, .A_log = din,
+                                   .state = dst, .o = dout};
+    gdn_decode_args da = dgood;
+    da.proj = ci + 2;
+    BADA("decode_step proj 2 bytes off", "proj", gdn_decode_step(&ex, &dc, &da));
+    da = dgood; da.conv_state = (float *)(co2 + 2);
+    BADA("decode_step conv_state 2 bytes off", "conv_state", gdn_decode_step(&ex, &dc, &da));
+    da = dgood; da.conv_weight = (const float *)(ci + 2);
+    BADA("decode_step conv_weight 2 bytes off", "conv_weight", gdn_decode_step(&ex, &dc, &da));
+#undef BADA
+    cudaFree(din); cudaFree(dout); cudaFree(dout2); cudaFree(dst); cudaFree(dsl); cudaFree(dcu);
+}
+
 /* ---- every op twice directly and once from a captured CUDA graph: the same bits ---- */
 
 typedef struct pipe {
@@ -1214,6 +549,7 @@ void test_cuda_layer(void) {
     test_norms_bwd(&r);
     test_decode_conv(&r);
     test_bad_input();
+    test_bad_align();
     test_graph(&r);
 }
 

@@ -22,6 +22,20 @@ static inline gdn_backend gdn_exec_backend(const gdn_exec *ex) { return ex ? ex-
 #define GDN_CPU_ONLY(ex, what) GDN_CHECK(gdn_exec_backend(ex) == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED, \
                                         "%s is not on the CUDA backend yet (CPU only)", what)
 
+/* The CUDA backend's alignment rules (gdn.h, "The CUDA backend"; DESIGN.md
+ * §6): GDN_ERR_OPTION unless ptr is a multiple of `bytes` (NULL passes), with
+ * a message naming the pointer (its name after any "a->"), its address and
+ * why, e.g. "q (0x7f..02) must be 16-byte aligned on the CUDA backend (...)".
+ * GDN_ALIGNED returns from the caller on failure; GDN_ELEM is the reason of
+ * the rule every pointer has: a misaligned access faults on the device and
+ * ends the CUDA context. */
+gdn_status gdn_check_align(const void *ptr, size_t bytes, const char *name, const char *why);
+#define GDN_ALIGNED(ptr, bytes, why) do { \
+        const gdn_status s_al_ = gdn_check_align((const void *)(ptr), (bytes), #ptr, (why)); \
+        if (s_al_) return s_al_; \
+    } while (0)
+#define GDN_ELEM "the kernels access its elements whole"
+
 /* Validate a gated-delta-rule config (and the exec) and resolve it into a plan. */
 gdn_status gdn_make_plan(const gdn_exec *ex, const gdn_config *cfg, gdn_plan *p);
 

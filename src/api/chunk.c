@@ -51,6 +51,66 @@ size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
     return chunk_bwd_ws(ex, &p);
 }
 
+/* ---- the CUDA kernels' alignment (gdn.h, "The CUDA backend") ---- */
+
+#define ROWS16_Q "K is a multiple of 8: the chunk kernels load its rows 16 bytes at a time (cp.async, the TMA)"
+#define ROWS16_V "V is a multiple of 8: the chunk kernels load its rows 16 bytes at a time (cp.async, the TMA)"
+#define ROWS16_O "V is a multiple of 8: the chunk kernels store its rows 16 bytes at a time"
+
+/* the pointers of the forward (chunked: gdn_chunk_fwd, else gdn_recurrent_fwd) */
+static gdn_status cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
+    const gdn_config *c = &p->c;
+    const size_t es = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
+    /* bf16 / f16 chunk forward: the tensor-core kernels, rows in 16-byte pieces
+     * where the row length allows (f32 takes the recurrent kernel: elements) */
+    const int tc = chunked && c->dtype != GDN_F32, qk16 = tc && c->K % 8 == 0, v16 = tc && c->V % 8 == 0;
+    GDN_ALIGNED(a->q, qk16 ? 16 : es, qk16 ? ROWS16_Q : GDN_ELEM);
+    GDN_ALIGNED(a->k, qk16 ? 16 : es, qk16 ? ROWS16_Q : GDN_ELEM);
+    GDN_ALIGNED(a->v, v16 ? 16 : es, v16 ? ROWS16_V : GDN_ELEM);
+    GDN_ALIGNED(a->o, v16 ? 16 : es, v16 ? ROWS16_O : GDN_ELEM);
+    GDN_ALIGNED(a->g, gs, GDN_ELEM);
+    GDN_ALIGNED(a->beta, gs, GDN_ELEM);
+    GDN_ALIGNED(a->A_log, 4, GDN_ELEM);
+    GDN_ALIGNED(a->dt_bias, 4, GDN_ELEM);
+    GDN_ALIGNED(a->h0, 4, GDN_ELEM);
+    GDN_ALIGNED(a->ht, 4, GDN_ELEM);
+    if (chunked) {
+        if (gdn_saved_bytes(c)) GDN_ALIGNED(a->saved, 4, GDN_ELEM);
+        if (chunk_fwd_ws(ex, p))
+            GDN_ALIGNED(a->workspace, 16, "the chunk kernels move its records 16 bytes at a time (cp.async, bulk copies)");
+    }
+    if (c->cu_seqlens) GDN_ALIGNED(c->cu_seqlens_dev, 8, GDN_ELEM);
+    return GDN_OK;
+}
+
+static gdn_status cuda_align_bwd(const gdn_exec *ex, const gdn_plan *p, const gdn_bwd_args *a) {
+    const gdn_config *c = &p->c;
+    const size_t es = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
+    GDN_ALIGNED(a->q, es, GDN_ELEM);
+    GDN_ALIGNED(a->k, es, GDN_ELEM);
+    GDN_ALIGNED(a->v, es, GDN_ELEM);
+    GDN_ALIGNED(a->dout, es, GDN_ELEM);
+    GDN_ALIGNED(a->dq, es, GDN_ELEM);
+    GDN_ALIGNED(a->dk, es, GDN_ELEM);
+    GDN_ALIGNED(a->dv, es, GDN_ELEM);
+    GDN_ALIGNED(a->g, gs, GDN_ELEM);
+    GDN_ALIGNED(a->beta, gs, GDN_ELEM);
+    GDN_ALIGNED(a->dg, gs, GDN_ELEM);
+    GDN_ALIGNED(a->dbeta, gs, GDN_ELEM);
+    GDN_ALIGNED(a->A_log, 4, GDN_ELEM);
+    GDN_ALIGNED(a->dt_bias, 4, GDN_ELEM);
+    GDN_ALIGNED(a->h0, 4, GDN_ELEM);
+    GDN_ALIGNED(a->dht, 4, GDN_ELEM);
+    GDN_ALIGNED(a->dA_log, 4, GDN_ELEM);
+    GDN_ALIGNED(a->ddt_bias, 4, GDN_ELEM);
+    GDN_ALIGNED(a->dh0, 4, GDN_ELEM);
+    if (gdn_saved_bytes(c)) GDN_ALIGNED(a->saved, 4, GDN_ELEM);
+    if (chunk_bwd_ws(ex, p))   /* 8 would do (int64 and double records); 16 as every CUDA workspace */
+        GDN_ALIGNED(a->workspace, 16, "every CUDA workspace is; the backward keeps 8-byte int64 and double records in it");
+    if (c->cu_seqlens) GDN_ALIGNED(c->cu_seqlens_dev, 8, GDN_ELEM);
+    return GDN_OK;
+}
+
 /* ---- forward ---- */
 
 static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
@@ -72,6 +132,7 @@ static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gd
     }
     CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p->c.cu_seqlens || p->c.cu_seqlens_dev, GDN_ERR_NULL,
           "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return cuda_align_fwd(ex, p, a, chunked);
     return GDN_OK;
 }
 
@@ -135,6 +196,7 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
     CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p.c.cu_seqlens || p.c.cu_seqlens_dev, GDN_ERR_NULL,
           "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        if ((s = cuda_align_bwd(ex, &p, a))) return s;
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_chunk_bwd(&p, a, a->workspace, ex->stream))) return s;
         return gdn_ok();

@@ -12,7 +12,9 @@
  * with cu_seqlens, forward and backward also need cu_seqlens_dev. The
  * update's slots are then device memory,
  * which the host cannot read without a sync: they are not checked here, and
- * the kernel treats a slot outside -1..num_slots-1 as padding. */
+ * the kernel treats a slot outside -1..num_slots-1 as padding. Every CUDA
+ * pointer must be aligned to its elements (the kernels pick their vector
+ * widths from the shape and the alignment themselves). */
 #include "api/api.h"
 #include "cpu/conv1d.h"
 #ifdef GDN_HAVE_CUDA
@@ -67,6 +69,12 @@ static gdn_status check_seq(const gdn_exec *ex, const gdn_conv1d_config *c, int 
     return GDN_OK;
 }
 
+/* CUDA: the device cu_seqlens are int64 elements (gdn.h, "The CUDA backend") */
+static inline gdn_status cuda_align_seq(const gdn_conv1d_config *c) {
+    if (c->cu_seqlens) GDN_ALIGNED(c->cu_seqlens_dev, 8, GDN_ELEM);
+    return GDN_OK;
+}
+
 gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, const gdn_conv1d_args *a) {
     int th = 1;
     int64_t N = 0;
@@ -79,6 +87,14 @@ gdn_status gdn_conv1d_fwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
 #ifdef GDN_HAVE_CUDA
         CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
               "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+        if ((s = cuda_align_seq(cfg))) return s;
+        const size_t es = gdn_dtype_size(cfg->dtype);
+        GDN_ALIGNED(a->x, es, GDN_ELEM);
+        GDN_ALIGNED(a->y, es, GDN_ELEM);
+        GDN_ALIGNED(a->weight, 4, GDN_ELEM);
+        GDN_ALIGNED(a->bias, 4, GDN_ELEM);
+        GDN_ALIGNED(a->h0, 4, GDN_ELEM);
+        GDN_ALIGNED(a->ht, 4, GDN_ELEM);
         if ((s = gdn_cuda_conv1d_fwd(cfg, N, cfg->cu_seqlens_dev, a, ex->stream))) return s;
         return gdn_ok();
 #endif
@@ -101,6 +117,18 @@ gdn_status gdn_conv1d_bwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
 #ifdef GDN_HAVE_CUDA
         CHECK(!cfg->cu_seqlens || cfg->cu_seqlens_dev, GDN_ERR_NULL,
               "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+        if ((s = cuda_align_seq(cfg))) return s;
+        const size_t es = gdn_dtype_size(cfg->dtype);
+        GDN_ALIGNED(a->x, es, GDN_ELEM);
+        GDN_ALIGNED(a->dy, es, GDN_ELEM);
+        GDN_ALIGNED(a->dx, es, GDN_ELEM);
+        GDN_ALIGNED(a->weight, 4, GDN_ELEM);
+        GDN_ALIGNED(a->bias, 4, GDN_ELEM);
+        GDN_ALIGNED(a->h0, 4, GDN_ELEM);
+        GDN_ALIGNED(a->dht, 4, GDN_ELEM);
+        GDN_ALIGNED(a->dweight, 4, GDN_ELEM);
+        GDN_ALIGNED(a->dbias, 4, GDN_ELEM);
+        GDN_ALIGNED(a->dh0, 4, GDN_ELEM);
         if ((s = gdn_cuda_conv1d_bwd(cfg, N, cfg->cu_seqlens_dev, a, ex->stream))) return s;
         return gdn_ok();
 #endif
@@ -127,6 +155,13 @@ gdn_status gdn_conv1d_update(const gdn_exec *ex, const gdn_conv1d_config *cfg, c
     NEED(state, " (state [num_slots,D,W])");
     if (B > 0) { NEED(x, ""); NEED(y, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        const size_t es = gdn_dtype_size(cfg->dtype);
+        GDN_ALIGNED(x, es, GDN_ELEM);
+        GDN_ALIGNED(y, es, GDN_ELEM);
+        GDN_ALIGNED(weight, 4, GDN_ELEM);
+        GDN_ALIGNED(bias, 4, GDN_ELEM);
+        GDN_ALIGNED(state, 4, GDN_ELEM);
+        GDN_ALIGNED(slots, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_conv1d_update(cfg, x, weight, bias, state, num_slots, slots, 0, y, ex->stream))) return s;
         return gdn_ok();

@@ -3,6 +3,7 @@
  * validates all of its input before any backend runs and before any output is
  * written (docs/DESIGN.md §6); backends then assume valid input. */
 #include <math.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -39,6 +40,10 @@ gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
     CHECK(b == GDN_BACKEND_CPU || b == GDN_BACKEND_CUDA, GDN_ERR_BACKEND, "unknown backend (%d)", (int)b);
 #ifdef GDN_HAVE_CUDA
     CHECK(gdn_backend_available(b), GDN_ERR_BACKEND, "backend %s: no device is visible", b == GDN_BACKEND_CUDA ? "CUDA" : "CPU");
+    if (b == GDN_BACKEND_CUDA) {   /* the stream must belong to the current device, where the kernels run */
+        const gdn_status ss = gdn_cuda_check_stream(ex->stream);
+        if (ss) return ss;
+    }
 #else
     CHECK(gdn_backend_available(b), GDN_ERR_BACKEND, "backend %s is not built into this library",
           b == GDN_BACKEND_CUDA ? "CUDA" : "CPU");
@@ -55,6 +60,13 @@ gdn_status gdn_check_exec(const gdn_exec *ex, int *threads, int *seq_split) {
     CHECK(sp >= 0, GDN_ERR_OPTION, "seq_split (%d) must be >= 0", sp);
     if (seq_split) *seq_split = sp;
     return GDN_OK;
+}
+
+gdn_status gdn_check_align(const void *ptr, size_t bytes, const char *name, const char *why) {
+    if (!ptr || bytes <= 1 || (uintptr_t)ptr % bytes == 0) return GDN_OK;
+    const char *arrow = strrchr(name, '>');   /* "a->q" -> "q" */
+    return gdn_fail(GDN_ERR_OPTION, "%s (%p) must be %zu-byte aligned on the CUDA backend (%s)", arrow ? arrow + 1 : name,
+                    ptr, bytes, why);
 }
 
 /* Validate a gated-delta-rule config and resolve it into a plan. */

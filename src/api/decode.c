@@ -40,7 +40,8 @@ gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, con
     const int on_cuda = gdn_exec_backend(ex) == GDN_BACKEND_CUDA;
     /* CPU: every slot in range and used once, before anything is touched. CUDA:
      * slots are device memory, read only by the kernel (no host sync), which
-     * treats a slot outside -1..num_slots-1 as padding. */
+     * treats a slot outside -1..num_slots-1 as padding; a slot used twice is
+     * the caller's error there, unchecked (the rows race on its pool row). */
     if (a->slots && !on_cuda) {
         unsigned char *seen = calloc((size_t)c->num_slots + 1, 1);
         CHECK(seen != NULL, GDN_ERR_BACKEND, "out of memory checking %lld slots", (long long)c->num_slots);
@@ -57,6 +58,24 @@ gdn_status gdn_decode_step(const gdn_exec *ex, const gdn_decode_config *cfg, con
             }
         }
         free(seen);
+    }
+    if (on_cuda) {   /* every pointer aligned to its elements (gdn.h, "The CUDA backend") */
+        const size_t es = gdn_dtype_size(c->dtype);
+        if (c->conv_W > 0) {
+            GDN_ALIGNED(a->proj, es, GDN_ELEM);
+            GDN_ALIGNED(a->conv_state, 4, GDN_ELEM);
+            GDN_ALIGNED(a->conv_weight, 4, GDN_ELEM);
+            GDN_ALIGNED(a->conv_bias, 4, GDN_ELEM);
+        } else {
+            GDN_ALIGNED(a->mixed_qkv, es, GDN_ELEM);
+        }
+        GDN_ALIGNED(a->a, es, GDN_ELEM);
+        GDN_ALIGNED(a->b, es, GDN_ELEM);
+        GDN_ALIGNED(a->o, es, GDN_ELEM);
+        GDN_ALIGNED(a->A_log, 4, GDN_ELEM);
+        GDN_ALIGNED(a->dt_bias, 4, GDN_ELEM);
+        GDN_ALIGNED(a->state, 4, GDN_ELEM);
+        GDN_ALIGNED(a->slots, 4, GDN_ELEM);
     }
     gdn_decode_config r = *c;
     if (r.scale == 0.f) r.scale = 1.0f / sqrtf((float)c->K);

@@ -1,4 +1,6 @@
-/* The API layer of the standalone gate and L2 norm (CPU and CUDA). */
+/* The API layer of the standalone gate and L2 norm (CPU and CUDA). On CUDA
+ * every pointer must be aligned to its elements; the kernels pick their
+ * vector widths from the count and the alignment themselves. */
 #include "api/api.h"
 #include "cpu/cpu_backend.h"
 #ifdef GDN_HAVE_CUDA
@@ -27,6 +29,10 @@ gdn_status gdn_gate_fwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dt
     NEED(A_log, "");
     if (rows > 0) { NEED(a, ""); NEED(g, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        GDN_ALIGNED(a, gdn_dtype_size(a_dtype), GDN_ELEM);
+        GDN_ALIGNED(A_log, 4, GDN_ELEM);
+        GDN_ALIGNED(dt_bias, 4, GDN_ELEM);
+        GDN_ALIGNED(g, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_gate_fwd(rows, HV, a_dtype, a, A_log, dt_bias, g, ex->stream))) return s;
         return gdn_ok();
@@ -45,6 +51,13 @@ gdn_status gdn_gate_bwd(const gdn_exec *ex, int64_t rows, int HV, gdn_dtype a_dt
     NEED(A_log, ""); NEED(dA_log, "");
     if (rows > 0) { NEED(a, ""); NEED(dg, ""); NEED(da, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        GDN_ALIGNED(a, gdn_dtype_size(a_dtype), GDN_ELEM);
+        GDN_ALIGNED(da, gdn_dtype_size(a_dtype), GDN_ELEM);
+        GDN_ALIGNED(A_log, 4, GDN_ELEM);
+        GDN_ALIGNED(dt_bias, 4, GDN_ELEM);
+        GDN_ALIGNED(dg, 4, GDN_ELEM);
+        GDN_ALIGNED(dA_log, 4, GDN_ELEM);
+        GDN_ALIGNED(ddt_bias, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_gate_bwd(rows, HV, a_dtype, a, A_log, dt_bias, dg, da, dA_log, ddt_bias, ex->stream)))
             return s;
@@ -62,6 +75,9 @@ gdn_status gdn_l2norm_fwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype d
     if (s) return s;
     if (rows > 0) { NEED(x, ""); NEED(y, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        GDN_ALIGNED(x, gdn_dtype_size(dtype), GDN_ELEM);
+        GDN_ALIGNED(y, gdn_dtype_size(dtype), GDN_ELEM);
+        GDN_ALIGNED(rstd, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_l2norm_fwd(rows, dim, dtype, x, y, rstd, ex->stream))) return s;
         return gdn_ok();
@@ -78,6 +94,10 @@ gdn_status gdn_l2norm_bwd(const gdn_exec *ex, int64_t rows, int dim, gdn_dtype d
     if (s) return s;
     if (rows > 0) { NEED(x, ""); NEED(rstd, ""); NEED(dy, ""); NEED(dx, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        GDN_ALIGNED(x, gdn_dtype_size(dtype), GDN_ELEM);
+        GDN_ALIGNED(dy, gdn_dtype_size(dtype), GDN_ELEM);
+        GDN_ALIGNED(dx, gdn_dtype_size(dtype), GDN_ELEM);
+        GDN_ALIGNED(rstd, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_l2norm_bwd(rows, dim, dtype, x, rstd, dy, dx, ex->stream))) return s;
         return gdn_ok();

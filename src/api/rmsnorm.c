@@ -5,7 +5,9 @@
  * needs x, z, w, dy, dx, dz (rstd optional: NULL = recomputed). Backward
  * always needs dw, which it writes (zeros when rows == 0).
  *
- * CUDA: forward and backward (device pointers, gdn_exec.stream). */
+ * CUDA: forward and backward (device pointers, gdn_exec.stream), every
+ * pointer aligned to its elements (the kernels pick their vector widths from
+ * V and the alignment themselves). */
 #include <math.h>
 #include "api/api.h"
 #include "cpu/rmsnorm.h"
@@ -39,6 +41,12 @@ gdn_status gdn_rmsnorm_gated_fwd(const gdn_exec *ex, const gdn_rmsnorm_config *c
     if (s) return s;
     if (cfg->rows > 0) { NEED(x, ""); NEED(z, ""); NEED(w, ""); NEED(y, ""); }
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        const size_t es = gdn_dtype_size(cfg->dtype);
+        GDN_ALIGNED(x, es, GDN_ELEM);
+        GDN_ALIGNED(z, es, GDN_ELEM);
+        GDN_ALIGNED(y, es, GDN_ELEM);
+        GDN_ALIGNED(w, 4, GDN_ELEM);
+        GDN_ALIGNED(rstd, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_rmsnorm_fwd(cfg, x, z, w, y, rstd, ex->stream))) return s;
         return gdn_ok();
@@ -60,6 +68,15 @@ gdn_status gdn_rmsnorm_gated_bwd(const gdn_exec *ex, const gdn_rmsnorm_config *c
     }
     NEED(dw, " (dw [V] is always written)");
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
+        const size_t es = gdn_dtype_size(cfg->dtype);
+        GDN_ALIGNED(x, es, GDN_ELEM);
+        GDN_ALIGNED(z, es, GDN_ELEM);
+        GDN_ALIGNED(dy, es, GDN_ELEM);
+        GDN_ALIGNED(dx, es, GDN_ELEM);
+        GDN_ALIGNED(dz, es, GDN_ELEM);
+        GDN_ALIGNED(w, 4, GDN_ELEM);
+        GDN_ALIGNED(rstd, 4, GDN_ELEM);
+        GDN_ALIGNED(dw, 4, GDN_ELEM);
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_rmsnorm_bwd(cfg, x, z, w, rstd, dy, dx, dz, dw, ex->stream))) return s;
         return gdn_ok();

@@ -7,6 +7,12 @@
 extern "C" {
 #endif
 int gdn_cuda_device_count(void);
+/* GDN_ERR_BACKEND (message set) when the runtime says stream (a
+ * cudaStream_t; NULL = the default stream) belongs to a device other than
+ * the current one, where the kernels would run; GDN_OK otherwise, also where
+ * the runtime cannot tell (no cudaStreamGetDevice before CUDA 12.8, or the
+ * query fails: the launch then reports). Host only, no sync: capture-safe. */
+gdn_status gdn_cuda_check_stream(void *stream);
 /* returns GDN_OK or GDN_ERR_BACKEND (launch failure, message set) */
 gdn_status gdn_cuda_decode_step(const gdn_decode_config *cfg, const gdn_decode_args *a, void *stream);
 gdn_status gdn_cuda_recurrent_fwd(const gdn_plan *p, const gdn_fwd_args *a, void *stream);
