@@ -126,5 +126,6 @@ void test_conv_update(rng *r);
 void test_conv_bwd(rng *r);
 void test_norms(rng *r);         /* test_cuda_norm.c */
 void test_norms_bwd(rng *r);
+void test_cuda_bad_input(rng *r);   /* test_cuda_bad_input.c */
 #endif /* GDN_HAVE_CUDA */
 #endif
