@@ -1,0 +1,210 @@
+/* What the CUDA chunk backward's files share (the overview is in chunk_bwd.cu):
+ * the kernel arguments, the constants and the per-(slot, value head) record,
+ * the -DGDN_BWD_PROFILE cycle probes, the row loaders of every pass, the group
+ * stage's scratch layout, and the launchers each pass file defines. */
+#pragma once
+#include <cuda_runtime.h>
+#ifdef GDN_BWD_PROFILE
+#include <cstdio>
+#endif
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.h"
+#include "cuda/mma_tf32.cuh"
+
+/* Only inline functions, templates, types, constants and macros here (one
+ * definition in every file that includes it). The kernels stay local to their
+ * files (an unnamed namespace in each) and are launched through the launchers
+ * at the end, defined and instantiated next to them. */
+namespace gdn {
+namespace cbwd {
+
+constexpr int CC = 64;    /* chunk length              */
+constexpr int NT = 256;   /* threads of every kernel    */
+constexpr int VT = 64;    /* columns of V per sweep block */
+constexpr int RS = 65;    /* padded row stride of the substitution's 64 x 64 arrays */
+constexpr int R4 = 68;    /* row strides of 64-column shared arrays read by the tensor cores: */
+constexpr int R8 = 72;    /* along rows (4 mod 32), across rows (8 mod 32); mma_tf32.cuh */
+
+/* K rounded up to 8 (the products' k step), and a row stride >= it that is 4 mod 32 */
+__host__ __device__ __forceinline__ int k8(int K) { return (K + 7) & ~7; }
+__host__ __device__ __forceinline__ int ld4(int n) { return n + (36 - n % 32) % 32; }
+
+/* record per (slot, j), in floats: gcd (64 doubles), gam, beta, g, Tm, P */
+constexpr int R_GCD = 0, R_GAM = 128, R_BETA = 192, R_G = 256, R_TM = 320, R_P = 320 + CC * CC, REC = 320 + 2 * CC * CC;
+
+struct BwdArgs {
+    const void *q, *k, *v, *g, *beta, *dout;
+    const float *A_log, *dt_bias, *h0, *dht, *rstd_q, *rstd_k;
+    void *dq, *dk, *dv, *dg, *dbeta;
+    float *dA_log, *ddt_bias, *dh0;
+    const int64_t *cu;
+    int64_t T, N, nslots;
+    int H, HV, K, V, G, dt, gdt, nvt;
+    float scale;
+    unsigned flags;
+    /* workspace */
+    int64_t *slot_row0;
+    int *slot_c;
+    float *rec, *states, *dstates;
+    double *part;   /* [2][nslots*HV]: dA_log, ddt_bias partials */
+};
+
+__device__ __forceinline__ void seq_range(const BwdArgs &p, int64_t n, int64_t *bos, int64_t *len) {
+    *bos = p.cu ? p.cu[n] : n * p.T;
+    *len = p.cu ? p.cu[n + 1] - *bos : p.T;
+}
+__device__ __forceinline__ int64_t slot_base(const BwdArgs &p, int64_t n) {
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    return bos / CC + n;
+}
+#ifdef GDN_BWD_PROFILE   /* cycles per step, thread 0 */
+#define BP_DECL long long bp_[24] = {0}, bt_ = clock64()
+#define BP(k) do { if (threadIdx.x == 0) { const long long t1_ = clock64(); bp_[k] += t1_ - bt_; bt_ = t1_; } } while (0)
+#define BP_PRINT(cond, name, n, div)                                              \
+    do {                                                                          \
+        if (threadIdx.x == 0 && (cond)) {                                         \
+            printf("%s cycles:", name);                                           \
+            for (int i_ = 0; i_ < (n); i_++) printf(" %lld", bp_[i_] / (div));    \
+            printf("\n");                                                         \
+        }                                                                         \
+    } while (0)
+#else
+#define BP_DECL do { } while (0)
+#define BP(k) do { } while (0)
+#define BP_PRINT(cond, name, n, div) do { } while (0)
+#endif
+
+/* exp(gc_t - gc_s), the difference in double (chunk_fwd.c prepare_head) */
+__device__ __forceinline__ float Ef(const double *gcd, int t, int s) { return expf((float)(gcd[t] - gcd[s])); }
+
+/* for (e = threadIdx.x; e < n; e += NT) put(e, get(e)), UNR values loaded
+ * before any is stored: a plain loop whose store may alias the next load
+ * waits out the memory latency once per element */
+template <int UNR = 8, typename FG, typename FP>
+__device__ __forceinline__ void batched(int n, const FG &get, const FP &put) {
+    for (int e0 = threadIdx.x; e0 < n; e0 += UNR * NT) {
+        float v[UNR];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) v[u] = e0 + u * NT < n ? get(e0 + u * NT) : 0.f;
+#pragma unroll
+        for (int u = 0; u < UNR; u++)
+            if (e0 + u * NT < n) put(e0 + u * NT, v[u]);
+    }
+}
+
+/* rows row0..row0+c-1 of q or k (head h), normalized by the saved rstd
+ * (GDN_QK_L2NORM), into dst [64][ld]; rows >= c and columns >= K are zero.
+ * A warp per row, two rows at a time, the lanes along the row: the index
+ * arithmetic and the rstd once per row, 2 x 9 loads in flight per lane (an
+ * element-wise loop with an index division per element measured 55k cycles
+ * per chunk in the forward sweep, nine tenths of it instructions and stalls) */
+__device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rstd, int64_t row0, int c, int h, float *dst, int ld) {
+    constexpr int PER = (256 + 4 + 31) / 32;   /* ld <= 260 */
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = p.K;
+    for (int t0 = warp; t0 < CC; t0 += 2 * (NT / 32)) {
+        float v[2][PER], rs[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+            const int64_t at = (row0 + t) * p.H + h;
+            rs[r] = t < c && l2 ? rstd[at] : 1.f;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                v[r][u] = t < c && i < K ? gdn::ld(x, at * K + i, p.dt) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                if (i < ld) dst[t * ld + i] = v[r][u] * rs[r];
+            }
+        }
+    }
+}
+
+/* rows row0..row0+c-1 of a [rows][HV][V] tensor (value head j), columns
+ * v0..v0+n-1, into dst [64][ld]; rows >= c and columns past V are zero.
+ * Laid out as load_qk; n <= 256 */
+__device__ inline void load_rows_v(const BwdArgs &p, const void *x, int64_t row0, int c, int j, int v0, int n, float *dst, int ld) {
+    constexpr int PER = 256 / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, V = p.V;
+    for (int t0 = warp; t0 < CC; t0 += 2 * (NT / 32)) {
+        float v[2][PER];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+            const int64_t at = ((row0 + t) * p.HV + j) * (int64_t)V + v0;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                v[r][u] = t < c && i < n && v0 + i < V ? gdn::ld(x, at + i, p.dt) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + r * (NT / 32);
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                if (i < n) dst[t * ld + i] = v[r][u];
+            }
+        }
+    }
+}
+
+/* ---- the group stage: per-item scratch (floats, offsets from the item's base) ---- */
+struct Scr {
+    int64_t F;   /* floats per item */
+    int64_t Q, Kc, Bk, Kd, dKd, Xq, dQc, dKc, dWk, dBk;   /* [64][K] */
+    int64_t Vv, Bv, Xr, U, dO, dU, dBv;                   /* [64][V] */
+    int64_t dP, dTm, tmp, dA, Rg;                         /* [64][64] */
+    int64_t dgc, dbeta;                                   /* [64]     */
+};
+
+struct Grp {
+    int64_t s0;      /* first slot of the group */
+    float *scr;      /* item 0's scratch */
+    Scr o;
+};
+
+template <typename Kern>
+cudaError_t smem_attr(Kern k, int bytes) {   /* host-side only: capture-safe */
+    return bytes > 48 * 1024 ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) : cudaSuccess;
+}
+
+/* ---- the passes' host launchers, each defined next to its kernels and
+ * instantiated for SPLIT = true (run, chunk_bwd.cu, makes the choice). attr()
+ * raises a kernel's dynamic shared memory limit where it needs more than
+ * 48 KiB; launch() queues the kernel(s) on st. ---- */
+
+/* hidden: the launchers link the files of one library and are no part of its
+ * exported symbols (file-local before the split) */
+#define GDN_CBWD_HIDDEN __attribute__((visibility("hidden")))
+/* chunk_bwd_prep.cu: slot_info over all slots; prep per (slot, value head) */
+GDN_CBWD_HIDDEN void slot_info_launch(const BwdArgs &p, cudaStream_t st);
+template <bool SPLIT> struct GDN_CBWD_HIDDEN PrepPass {
+    static cudaError_t attr(int K);
+    static void launch(const BwdArgs &p, cudaStream_t st);
+};
+/* chunk_bwd_sweep.cu: attr raises fwd_sweep's limit, then bwd_sweep's */
+template <bool SPLIT> struct GDN_CBWD_HIDDEN SweepPass {
+    static cudaError_t attr(int K);
+    static void launch_fwd(const BwdArgs &p, unsigned blocks, cudaStream_t st);
+    static void launch_bwd(const BwdArgs &p, unsigned blocks, cudaStream_t st);
+};
+/* chunk_bwd_grp.cu: one group of nsl slots (grp_kernel, then grp_qk_kernel);
+ * dparam after the last group */
+template <bool SPLIT> struct GDN_CBWD_HIDDEN GrpPass {
+    static cudaError_t attr(int K, int V);
+    static void launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
+};
+GDN_CBWD_HIDDEN void dparam_launch(const BwdArgs &p, cudaStream_t st);
+
+}  // namespace cbwd
+}  // namespace gdn

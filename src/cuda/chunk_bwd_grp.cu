@@ -1,0 +1,448 @@
+/* CUDA chunk backward, the group stage: per (slot, value head) chunk_backward
+ * of chunk_bwd.c step by step over a per-item scratch in global memory
+ * (grp_kernel and its tensor-core product mm), dq and dk summed over the value
+ * heads (grp_qk_kernel), the dA_log, ddt_bias sums (dparam_kernel); launchers. */
+#include "cuda/chunk_bwd.cuh"
+
+namespace gdn {
+namespace cbwd {
+namespace {
+
+/* tri flags of mm (as GDN_TRI_* of cpu/gemm.h) */
+constexpr int LOWER_A = 1, UPPER_A = 2, LOWER_C = 4;
+
+/* the item's slot, value head, chunk length, first row, scratch and record */
+struct Item {
+    int64_t slot, row0;
+    int j, h, c;
+    float *w;
+    const float *rec;
+    const double *gcd;
+};
+__device__ __forceinline__ Item item_of(const BwdArgs &p, const Grp &G) {
+    Item it;
+    it.slot = G.s0 + blockIdx.x / p.HV;
+    it.j = blockIdx.x % p.HV;
+    it.h = it.j / p.G;
+    it.c = p.slot_c[it.slot];
+    it.row0 = p.slot_row0[it.slot];
+    it.w = G.scr + (int64_t)blockIdx.x * G.o.F;
+    it.rec = p.rec + (it.slot * p.HV + it.j) * (int64_t)REC;
+    it.gcd = reinterpret_cast<const double *>(it.rec + R_GCD);
+    return it;
+}
+
+/* step 1: the chunk's rows and their scaled forms (zero past c); Rg, dgc, dbeta zeroed */
+__device__ void grp_load(const BwdArgs &p, const Grp &G, const Item &it) {
+    const int K = p.K, V = p.V, c = it.c;
+    float *w = it.w;
+    const float *gam = it.rec + R_GAM, *bet = it.rec + R_BETA;
+    load_qk(p, p.q, p.rstd_q, it.row0, c, it.h, w + G.o.Q, K);
+    load_qk(p, p.k, p.rstd_k, it.row0, c, it.h, w + G.o.Kc, K);
+    __syncthreads();
+    batched(
+        CC * K, [&](int e) { return w[G.o.Kc + e]; },
+        [&](int e, float kc) {
+            const int t = e / K;
+            w[G.o.Bk + e] = (bet[t] * gam[t]) * kc;
+            w[G.o.Kd + e] = (t < c ? Ef(it.gcd, c - 1, t) : 0.f) * kc;
+        });
+    load_rows_v(p, p.v, it.row0, c, it.j, 0, V, w + G.o.Vv, V);
+    load_rows_v(p, p.dout, it.row0, c, it.j, 0, V, w + G.o.dO, V);
+    __syncthreads();
+    batched(
+        CC * V, [&](int e) { return w[G.o.Vv + e]; },
+        [&](int e, float vv) {
+            const float b = bet[e / V];
+            w[G.o.Bv + e] = b * vv;
+            w[G.o.Xr + e] = b * vv;
+        });
+    for (int e = threadIdx.x; e < CC * CC; e += NT) w[G.o.Rg + e] = 0.f;
+    if (threadIdx.x < CC) { w[G.o.dgc + threadIdx.x] = 0.f; w[G.o.dbeta + threadIdx.x] = 0.f; }
+}
+
+/* chunk_backward: "S1 = exp(gc_last) S0 + Kd^T U: the gate terms and dK from Kd" */
+__device__ void grp_last(const BwdArgs &p, const Grp &G, const Item &it, float *red) {
+    const int K = p.K, c = it.c, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *w = it.w;
+    const int64_t so = (it.slot * p.HV + it.j) * (int64_t)K * p.V;
+    const float *S0 = p.states + so, *dS = p.dstates + so;
+    float part = 0.f;
+    for (int64_t e = threadIdx.x; e < (int64_t)K * p.V; e += NT) part = fmaf(S0[e], dS[e], part);
+    const float tot = gdn::block_sum(part, red);
+    if (threadIdx.x == 0) w[G.o.dgc + c - 1] += it.rec[R_GAM + c - 1] * tot;
+    for (int t = warp; t < c - 1; t += NT / 32) {   /* pair (last, t) */
+        float d = 0.f;
+        for (int i = lane; i < K; i += 32) d = fmaf(w[G.o.Kc + t * K + i], w[G.o.dKd + t * K + i], d);
+        d = gdn::warp_sum(d);
+        if (lane == 0) w[G.o.Rg + (c - 1) * CC + t] += Ef(it.gcd, c - 1, t) * d;
+    }
+}
+
+/* chunk_backward: dP -> Rg pairs and dP~; O's first term: dgc, dQc = scale exp(gc) X */
+__device__ void grp_dp(const BwdArgs &p, const Grp &G, const Item &it) {
+    const int K = p.K, c = it.c, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *w = it.w;
+    const float *P = it.rec + R_P, *gam = it.rec + R_GAM;
+    for (int e = threadIdx.x; e < CC * CC; e += NT) {
+        const int t = e / CC, u = e % CC;
+        float d = w[G.o.dP + e];
+        if (u < t) {
+            if (t < c) w[G.o.Rg + e] += d * P[e];
+            d *= p.scale * Ef(it.gcd, t, u);
+        } else if (u == t) d *= p.scale;
+        else d = 0.f;
+        w[G.o.dP + e] = d;
+    }
+    for (int t = warp; t < CC; t += NT / 32) {
+        const float f = p.scale * gam[t];
+        float d = 0.f;
+        for (int i = lane; i < K; i += 32) d = fmaf(w[G.o.Q + t * K + i], w[G.o.Xq + t * K + i], d);
+        d = gdn::warp_sum(d);
+        if (lane == 0 && t < c) w[G.o.dgc + t] += f * d;
+        for (int i = lane; i < K; i += 32) w[G.o.dQc + t * K + i] = f * w[G.o.Xq + t * K + i];
+    }
+}
+
+/* chunk_backward: dKc += exp(gc_last - gc) dKd; only the strictly lower part of dTm */
+__device__ void grp_mid(const BwdArgs &p, const Grp &G, const Item &it) {
+    const int K = p.K, c = it.c;
+    float *w = it.w;
+    for (int e = threadIdx.x; e < CC * K; e += NT) {
+        const int t = e / K;
+        if (t < c) w[G.o.dKc + e] += Ef(it.gcd, c - 1, t) * w[G.o.dKd + e];
+    }
+    for (int e = threadIdx.x; e < CC * CC; e += NT)
+        if (e % CC >= e / CC) w[G.o.dTm + e] = 0.f;
+}
+
+/* chunk_backward: "Bk = diag(beta exp(gc)) K, Bv = diag(beta) V" (dv stored)
+ * and "A_ts = beta_t exp(gc_t - gc_s) KK_ts": dA becomes dKK in place. KK is in tmp. */
+__device__ void grp_beta(const BwdArgs &p, const Grp &G, const Item &it) {
+    const int K = p.K, V = p.V, c = it.c, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *w = it.w;
+    const float *gam = it.rec + R_GAM, *bet = it.rec + R_BETA;
+    for (int t = warp; t < c; t += NT / 32) {
+        const float bk = bet[t] * gam[t];
+        float kd = 0.f, vd = 0.f;
+        for (int i = lane; i < K; i += 32) kd = fmaf(w[G.o.dBk + t * K + i], w[G.o.Kc + t * K + i], kd);
+        for (int i = lane; i < V; i += 32) vd = fmaf(w[G.o.dBv + t * V + i], w[G.o.Vv + t * V + i], vd);
+        kd = gdn::warp_sum(kd);
+        vd = gdn::warp_sum(vd);
+        for (int i = lane; i < K; i += 32) w[G.o.dKc + t * K + i] += bk * w[G.o.dBk + t * K + i];
+        for (int i = lane; i < V; i += 32)
+            gdn::st(p.dv, ((it.row0 + t) * p.HV + it.j) * (int64_t)V + i, bet[t] * w[G.o.dBv + t * V + i], p.dt);
+        /* row t of dA: pairs (t, u), u < t */
+        float db = 0.f;
+        for (int u = lane; u < CC; u += 32) {
+            float d = 0.f;
+            if (u < t) {
+                const float E = w[G.o.dA + t * CC + u] * Ef(it.gcd, t, u), kk = w[G.o.tmp + t * CC + u];
+                db = fmaf(E, kk, db);
+                w[G.o.Rg + t * CC + u] += E * bet[t] * kk;
+                d = bet[t] * E;
+            }
+            w[G.o.dA + t * CC + u] = d;
+        }
+        db = gdn::warp_sum(db);
+        if (lane == 0) {
+            w[G.o.dbeta + t] += vd + gam[t] * kd;
+            w[G.o.dbeta + t] += db;
+            w[G.o.dgc + t] += bk * kd;
+        }
+    }
+    for (int t = c + warp; t < CC; t += NT / 32)   /* rows past c: no dKK */
+        for (int u = lane; u < CC; u += 32) w[G.o.dA + t * CC + u] = 0.f;
+}
+
+/* chunk_backward: "dg = reverse cumsum of dgc; then through the fused gate",
+ * the beta sigmoid chain, stores of dg and dbeta; dA_log, ddt_bias partials */
+__device__ void grp_gate(const BwdArgs &p, const Grp &G, const Item &it, float *row, double (*pre)[CC + 1]) {
+    const int64_t gi = it.slot * p.HV + it.j;
+    const int c = it.c, t = threadIdx.x, HV = p.HV;
+    const float *w = it.w;
+    if (p.g) {
+        /* dg_t = sum_{t'>=t} dgc_t' + sum_{t'>=t} sum_{s<t} Rg_t's, in double:
+         * pre[t'][t] = sum_{s<t} Rg_t's by rows, then the sums over t' by columns */
+        if (t < c) {
+            double a = 0;
+            for (int u = 0; u < c; u++) {
+                pre[t][u] = a;
+                a += w[G.o.Rg + t * CC + u];
+            }
+        }
+        __syncthreads();
+        if (t < c) {
+            double acc = 0, colsum = 0;
+            for (int tp = c - 1; tp >= t; tp--) {
+                colsum += pre[tp][t];
+                acc += w[G.o.dgc + tp];
+            }
+            row[t] = (float)(acc + colsum);
+        }
+        __syncthreads();
+        if (t == 0) {
+            if (p.flags & GDN_GATE_FUSED) {
+                const float A = -expf(p.A_log[it.j]), bias = p.dt_bias ? p.dt_bias[it.j] : 0.f;
+                double sa = 0, sb = 0;
+                for (int u = 0; u < c; u++) {
+                    const float x = gdn::ld(p.g, (it.row0 + u) * HV + it.j, p.gdt) + bias;
+                    const float dg = row[u];
+                    sa += (double)dg * (double)it.rec[R_G + u];
+                    row[u] = dg * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
+                    sb += row[u];
+                }
+                p.part[gi] = sa;
+                p.part[p.nslots * HV + gi] = sb;
+            }
+        }
+        __syncthreads();
+        if (t < c) gdn::st(p.dg, (it.row0 + t) * HV + it.j, row[t], p.gdt);
+    }
+    if (t < c) {
+        float db = w[G.o.dbeta + t];
+        if (p.flags & GDN_BETA_SIGMOID) {
+            const float m = (p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
+            const float sg = gdn::sigmoid(gdn::ld(p.beta, (it.row0 + t) * HV + it.j, p.gdt));
+            db *= m * sg * (1.f - sg);
+        }
+        gdn::st(p.dbeta, (it.row0 + t) * HV + it.j, db, p.gdt);
+    }
+}
+
+/* one product of the item: C[M,N] = alpha op(A) op(B) + (acc ? C : 0) on
+ * the tensor cores, M <= 64, N <= 256; op(X)[i][q] = X.t ? X[q*ld + i] :
+ * X[i*ld + q]; masked elements (LOWER_A: q > i, UPPER_A: q < i) are never
+ * read; LOWER_C writes 0 above the diagonal. The operands (global memory:
+ * scratch, record, states) come through shared memory `sm` (mm_smem floats)
+ * 64 columns of k at a time, each element read from global memory once
+ * (fragment reads straight from global memory measured the same: the
+ * group stage is bound by its scratch traffic, bench/NOTES.md).
+ * Starts and ends with a barrier. */
+struct Mat { const float *p; int ld, t; };
+constexpr int MK = 64, MA = MK + 4;   /* k per stage; As [64][MA] is read along k */
+__host__ __device__ __forceinline__ int mm_lb(int N) { const int n = (N + 31) & ~31; return n + 8; }   /* Bs [MK][lb], read across k */
+__host__ __device__ __forceinline__ int mm_smem(int Nmax) { return 64 * MA + MK * mm_lb(Nmax); }
+
+template <bool SPLIT>
+__device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, int ldc, int acc, int tri, float *sm) {
+    const int warp = threadIdx.x >> 5, ntl = (N + 31) >> 5, tasks = ((M + 15) >> 4) * ntl, n8 = (N + 7) >> 3;
+    const int lb = mm_lb(N), nw = (N + 31) & ~31;
+    float *As = sm, *Bs = sm + 64 * MA;
+    float accr[4][4][4] = {};
+    for (int kc = 0; kc < Kd; kc += MK) {
+        __syncthreads();   /* the previous stage's tiles (or the caller's writes) are done */
+        batched(
+            64 * MK,
+            [&](int e) {
+                const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK, gq = kc + q;
+                if (i >= M || gq >= Kd || ((tri & LOWER_A) && gq > i) || ((tri & UPPER_A) && gq < i)) return 0.f;
+                return A.t ? A.p[(int64_t)gq * A.ld + i] : A.p[(int64_t)i * A.ld + gq];
+            },
+            [&](int e, float v) {
+                const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK;
+                As[i * MA + q] = v;
+            });
+        batched(
+            MK * nw,
+            [&](int e) {
+                const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw, gq = kc + q;
+                if (gq >= Kd || n >= N) return 0.f;
+                return B.t ? B.p[(int64_t)n * B.ld + gq] : B.p[(int64_t)gq * B.ld + n];
+            },
+            [&](int e, float v) {
+                const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw;
+                Bs[q * lb + n] = v;
+            });
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int task = warp + 8 * r;
+            if (task >= tasks) break;
+            const int i0 = (task / ntl) * 16, n0 = (task % ntl) * 32, nt = n8 - n0 / 8 < 4 ? n8 - n0 / 8 : 4;
+            int k0 = 0, k1 = MK;
+            if (tri & LOWER_A) k1 = i0 + 16 - kc < k1 ? i0 + 16 - kc : k1;
+            if (tri & UPPER_A) k0 = i0 - kc > 0 ? i0 - kc : 0;
+            if (k0 < k1)
+                gdn::warp_mma<SPLIT>(accr[r], [&](int i, int q) { return As[i * MA + q]; },
+                                     [&](int q, int n) { return Bs[q * lb + n]; }, i0, n0, nt, k0, k1);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int task = warp + 8 * r;
+        if (task >= tasks) break;
+        const int i0 = (task / ntl) * 16, n0 = (task % ntl) * 32, nt = n8 - n0 / 8 < 4 ? n8 - n0 / 8 : 4;
+        gdn::warp_store(accr[r], i0, n0, nt, M, N, [&](int i, int n, float v) {
+            float *cp = C + (int64_t)i * ldc + n;
+            if ((tri & LOWER_C) && n > i) *cp = 0.f;
+            else *cp = alpha * v + (acc ? *cp : 0.f);
+        });
+    }
+    __syncthreads();
+}
+
+/* the group stage, one block per (slot, value head): chunk_backward of
+ * chunk_bwd.c step by step, every product on the tensor cores, the
+ * per-item scratch in global memory (the steps' operands are too many for
+ * shared memory) */
+template <bool SPLIT>
+__global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
+    extern __shared__ __align__(16) float sm[];   /* mm's tiles; then grp_gate's prefix sums */
+    __shared__ float red[32], row[CC];
+    double(*pre)[CC + 1] = reinterpret_cast<double(*)[CC + 1]>(sm);
+    const Item it = item_of(p, G);
+    if (it.c == 0) return;
+    const int K = p.K, V = p.V;
+    const Scr &o = G.o;
+    float *w = it.w;
+    const float *rec = it.rec;
+    const int64_t so = (it.slot * p.HV + it.j) * (int64_t)K * V;
+    const Mat S0{p.states + so, V, 0}, S0t{p.states + so, V, 1}, dS{p.dstates + so, V, 0}, dSt{p.dstates + so, V, 1};
+    const auto W = [&](int64_t off, int ld, int t) { return Mat{w + off, ld, t}; };
+    const auto R = [&](int off, int t) { return Mat{rec + off, CC, t}; };
+    BP_DECL;
+    grp_load(p, G, it);
+    __syncthreads();
+    BP(0);
+    /* U = Tm (Bv - Bk S0) (gdn_chunk_u) */
+    mm<SPLIT>(CC, V, K, -1.f, W(o.Bk, K, 0), S0, w + o.Xr, V, 1, 0, sm);
+    BP(1);
+    mm<SPLIT>(CC, V, CC, 1.f, R(R_TM, 0), W(o.Xr, V, 0), w + o.U, V, 0, LOWER_A, sm);
+    BP(2);
+    /* dKd = U dS^T; dU = P^T dO + Kd dS */
+    mm<SPLIT>(CC, K, V, 1.f, W(o.U, V, 0), dSt, w + o.dKd, K, 0, 0, sm);
+    BP(3);
+    mm<SPLIT>(CC, V, CC, 1.f, R(R_P, 1), W(o.dO, V, 0), w + o.dU, V, 0, UPPER_A, sm);
+    BP(4);
+    mm<SPLIT>(CC, V, K, 1.f, W(o.Kd, K, 0), dS, w + o.dU, V, 1, 0, sm);
+    BP(5);
+    grp_last(p, G, it, red);
+    __syncthreads();
+    BP(6);
+    /* dP = dO U^T (s <= t); X = dO S0^T */
+    mm<SPLIT>(CC, CC, V, 1.f, W(o.dO, V, 0), W(o.U, V, 1), w + o.dP, CC, 0, LOWER_C, sm);
+    BP(7);
+    mm<SPLIT>(CC, K, V, 1.f, W(o.dO, V, 0), S0t, w + o.Xq, K, 0, 0, sm);
+    BP(8);
+    grp_dp(p, G, it);
+    __syncthreads();
+    BP(9);
+    /* dQc += dP~ K; dKc = dP~^T Q; dWk = -dU S0^T */
+    mm<SPLIT>(CC, K, CC, 1.f, W(o.dP, CC, 0), W(o.Kc, K, 0), w + o.dQc, K, 1, LOWER_A, sm);
+    BP(10);
+    mm<SPLIT>(CC, K, CC, 1.f, W(o.dP, CC, 1), W(o.Q, K, 0), w + o.dKc, K, 0, UPPER_A, sm);
+    BP(11);
+    mm<SPLIT>(CC, K, V, -1.f, W(o.dU, V, 0), S0t, w + o.dWk, K, 0, 0, sm);
+    BP(12);
+    /* dTm = dWk Bk^T + dU Bv^T (lower) */
+    mm<SPLIT>(CC, CC, K, 1.f, W(o.dWk, K, 0), W(o.Bk, K, 1), w + o.dTm, CC, 0, LOWER_C, sm);
+    BP(13);
+    mm<SPLIT>(CC, CC, V, 1.f, W(o.dU, V, 0), W(o.Bv, V, 1), w + o.dTm, CC, 1, LOWER_C, sm);
+    BP(14);
+    grp_mid(p, G, it);
+    __syncthreads();
+    BP(15);
+    /* dBk = Tm^T dWk; dBv = Tm^T dU; dA = -Tm^T (dTm Tm^T) (s < t); KK into tmp */
+    mm<SPLIT>(CC, K, CC, 1.f, R(R_TM, 1), W(o.dWk, K, 0), w + o.dBk, K, 0, UPPER_A, sm);
+    BP(16);
+    mm<SPLIT>(CC, V, CC, 1.f, R(R_TM, 1), W(o.dU, V, 0), w + o.dBv, V, 0, UPPER_A, sm);
+    BP(17);
+    mm<SPLIT>(CC, CC, CC, 1.f, W(o.dTm, CC, 0), R(R_TM, 1), w + o.tmp, CC, 0, LOWER_A, sm);
+    BP(18);
+    mm<SPLIT>(CC, CC, CC, -1.f, R(R_TM, 1), W(o.tmp, CC, 0), w + o.dA, CC, 0, UPPER_A | LOWER_C, sm);
+    BP(19);
+    mm<SPLIT>(CC, CC, K, 1.f, W(o.Kc, K, 0), W(o.Kc, K, 1), w + o.tmp, CC, 0, LOWER_C, sm);
+    BP(20);
+    grp_beta(p, G, it);
+    __syncthreads();
+    BP(21);
+    /* dKc += dKK K + dKK^T K */
+    mm<SPLIT>(CC, K, CC, 1.f, W(o.dA, CC, 0), W(o.Kc, K, 0), w + o.dKc, K, 1, LOWER_A, sm);
+    BP(22);
+    mm<SPLIT>(CC, K, CC, 1.f, W(o.dA, CC, 1), W(o.Kc, K, 0), w + o.dKc, K, 1, UPPER_A, sm);
+    BP(23);
+    grp_gate(p, G, it, row, pre);
+    BP(24);
+    BP_PRINT(G.s0 == 0 && blockIdx.x == 0, "group item: load | U: Xr, U | dKd, dU, dU | last | dP, Xq | dp | dQc, dKc, dWk, dTm, dTm | mid | dBk, dBv, tmp, dA, KK | beta | dKc, dKc | gate", 25, 1);
+}
+
+/* dq, dk of the group's (slot, q/k head h): the G value heads' dQc, dKc summed
+ * in order from 0 (fp32, as dQacc), then store_qk_grad: dx = r (dx^ - x^ (x^.dx^)) */
+__global__ void __launch_bounds__(NT) grp_qk_kernel(BwdArgs p, Grp G) {
+    const int64_t slot = G.s0 + blockIdx.x / p.H;
+    const int h = blockIdx.x % p.H, K = p.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = p.slot_c[slot];
+    if (c == 0) return;
+    const int64_t row0 = p.slot_row0[slot];
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const float *base = G.scr + (slot - G.s0) * p.HV * G.o.F;
+    for (int qk = 0; qk < 2; qk++) {
+        const int64_t off = qk ? G.o.dKc : G.o.dQc;
+        const void *x = qk ? p.k : p.q;
+        const float *rstd = qk ? p.rstd_k : p.rstd_q;
+        void *dst = qk ? p.dk : p.dq;
+        for (int t = warp; t < c; t += NT / 32) {
+            const int64_t r = row0 + t;
+            constexpr int PER = 256 / 32;
+            float gsum[PER], xh[PER];
+            float d = 0.f;
+            const float rs = l2 ? rstd[r * p.H + h] : 1.f;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                float a = 0.f;
+                if (i < K)
+                    for (int jj = h * p.G; jj < (h + 1) * p.G; jj++) a += base[jj * G.o.F + off + t * K + i];
+                gsum[u] = a;
+                xh[u] = (l2 && i < K) ? gdn::ld(x, (r * p.H + h) * K + i, p.dt) * rs : 0.f;
+                d = fmaf(xh[u], a, d);
+            }
+            if (l2) d = gdn::warp_sum(d);
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int i = lane + 32 * u;
+                if (i >= K) continue;
+                const float val = l2 ? rs * (gsum[u] - xh[u] * d) : gsum[u];
+                gdn::st(dst, (r * p.H + h) * K + i, val, p.dt);
+            }
+        }
+    }
+}
+
+/* dA_log, ddt_bias: per j, the partials summed over slots in order (double) */
+__global__ void dparam_kernel(BwdArgs p) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= p.HV) return;
+    double sa = 0, sb = 0;
+    for (int64_t s = 0; s < p.nslots; s++) {
+        if (p.slot_c[s] == 0) continue;
+        sa += p.part[s * p.HV + j];
+        sb += p.part[p.nslots * p.HV + s * p.HV + j];
+    }
+    p.dA_log[j] = (float)sa;
+    if (p.ddt_bias) p.ddt_bias[j] = (float)sb;
+}
+
+/* grp_kernel's dynamic shared memory: mm's tiles or grp_gate's prefix sums */
+int grp_smem(int K, int V) {
+    int nmax = K > V ? K : V;
+    if (nmax < CC) nmax = CC;
+    return mm_smem(nmax) * (int)sizeof(float) > CC * (CC + 1) * (int)sizeof(double)
+               ? mm_smem(nmax) * (int)sizeof(float) : CC * (CC + 1) * (int)sizeof(double);
+}
+
+}  // namespace
+
+template <bool SPLIT> cudaError_t GrpPass<SPLIT>::attr(int K, int V) { return smem_attr(grp_kernel<SPLIT>, grp_smem(K, V)); }
+template <bool SPLIT> void GrpPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
+    const int items = (int)(nsl * p.HV);
+    grp_kernel<SPLIT><<<items, NT, grp_smem(p.K, p.V), st>>>(p, G);
+    grp_qk_kernel<<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
+}
+template struct GrpPass<true>;
+
+void dparam_launch(const BwdArgs &p, cudaStream_t st) { dparam_kernel<<<(p.HV + 127) / 128, 128, 0, st>>>(p); }
+
+}  // namespace cbwd
+}  // namespace gdn

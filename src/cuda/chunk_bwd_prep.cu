@@ -1,0 +1,115 @@
+/* CUDA chunk backward, the prep pass: slot_info (each slot's first row and
+ * length) and prep (per (slot, value head) the gate cumsum, beta, g, Tm and P
+ * into the record the later passes read); their launchers. */
+#include "cuda/chunk_bwd.cuh"
+
+namespace gdn {
+namespace cbwd {
+namespace {
+
+/* ---- slot_info: per slot its first row and length (0 = no chunk) ---- */
+__global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
+    const int64_t s = (int64_t)blockIdx.x * NT + threadIdx.x;
+    if (s >= p.nslots) return;
+    int c = 0;
+    int64_t row0 = 0;
+    if (p.N > 0) {
+        int64_t lo = 0, hi = p.N - 1;   /* the last n with slot_base(n) <= s (strictly increasing in n) */
+        while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) / 2;
+            if (slot_base(p, mid) <= s) lo = mid; else hi = mid - 1;
+        }
+        int64_t bos, len;
+        seq_range(p, lo, &bos, &len);
+        const int64_t i = s - slot_base(p, lo);
+        if (i * CC < len) {
+            row0 = bos + i * CC;
+            c = len - i * CC < CC ? (int)(len - i * CC) : CC;
+        }
+    }
+    p.slot_row0[s] = row0;
+    p.slot_c[s] = c;
+}
+
+/* ---- prep: one block per (slot, j). Mirrors gdn_chunk_prepare (chunk_fwd.c):
+ * gate and beta as cpu/load.c, gc in double, A_ts = beta_t E_ts KK_ts,
+ * Tm by forward substitution, P_ts = (scale q_t.k_s) E_ts ---- */
+template <bool SPLIT>
+__global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
+    extern __shared__ __align__(16) float sm[];
+    const int64_t slot = blockIdx.x;
+    const int j = blockIdx.y, h = j / p.G, K = p.K, tid = threadIdx.x, lk = ld4(k8(K));
+    const int c = p.slot_c[slot];
+    if (c == 0) return;
+    const int64_t row0 = p.slot_row0[slot];
+    float *Qs = sm, *Ks = Qs + CC * lk, *As = Ks + CC * lk, *Ts = As + CC * RS;
+    double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
+    float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC;
+    float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+    load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, lk);
+    load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+    if (tid < CC) {   /* cpu/load.c gdn_cpu_load_gate, gdn_cpu_load_beta; zero past c */
+        float g = 0.f, b = 0.f;
+        if (tid < c) {
+            const int64_t at = (row0 + tid) * p.HV + j;
+            if (p.g) {
+                g = gdn::ld(p.g, at, p.gdt);
+                if (p.flags & GDN_GATE_FUSED) {
+                    const float A = -expf(p.A_log[j]), bias = p.dt_bias ? p.dt_bias[j] : 0.f;
+                    g = A * gdn::softplus(g + bias);
+                }
+            }
+            b = gdn::ld(p.beta, at, p.gdt);
+            if (p.flags & GDN_BETA_SIGMOID) b = ((p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f) * gdn::sigmoid(b);
+        }
+        gs[tid] = g;
+        bs[tid] = b;
+    }
+    __syncthreads();
+    if (tid == 0) {   /* the chunk cumsum in double, as the CPU */
+        double acc = 0;
+        for (int t = 0; t < CC; t++) { acc += gs[t]; gcd[t] = acc; }
+    }
+    __syncthreads();
+    if (tid < CC) {
+        reinterpret_cast<double *>(rec + R_GCD)[tid] = gcd[tid];
+        rec[R_GAM + tid] = expf((float)gcd[tid]);
+        rec[R_BETA + tid] = bs[tid];
+        rec[R_G + tid] = gs[tid];
+    }
+    /* A (strictly lower) into As, P into the record */
+    const auto kt = [&](int i, int s) { return Ks[s * lk + i]; };
+    gdn::block_mm<SPLIT>(CC, CC, K, [&](int t, int i) { return Ks[t * lk + i]; }, kt, [&](int t, int s, float kk) {
+        As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * kk : 0.f;
+    });
+    gdn::block_mm<SPLIT>(CC, CC, K, [&](int t, int i) { return Qs[t * lk + i]; }, kt, [&](int t, int s, float qk) {
+        rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * qk) * Ef(gcd, t, s) : 0.f;
+    });
+    __syncthreads();
+    /* Tm_t = e_t - sum_{s<t} A_ts Tm_s, row by row; thread `col` owns column col */
+    for (int t = 0; t < CC; t++) {
+        if (tid < CC) {
+            float acc = 0.f;
+            for (int s = 0; s < t; s++) acc -= As[t * RS + s] * Ts[s * RS + tid];
+            Ts[t * RS + tid] = tid == t ? 1.f : (tid > t ? 0.f : acc);
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < CC * CC; e += NT) rec[R_TM + e] = Ts[(e / CC) * RS + e % CC];
+}
+
+int prep_smem(int K) { return (2 * CC * ld4(k8(K)) + 2 * CC * RS + 2 * CC + 2 * CC) * (int)sizeof(float); }
+
+}  // namespace
+
+void slot_info_launch(const BwdArgs &p, cudaStream_t st) {
+    slot_info_kernel<<<(unsigned)((p.nslots + NT - 1) / NT), NT, 0, st>>>(p);
+}
+template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) { return smem_attr(prep_kernel<SPLIT>, prep_smem(K)); }
+template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
+    prep_kernel<SPLIT><<<dim3((unsigned)p.nslots, (unsigned)p.HV), NT, prep_smem(p.K), st>>>(p);
+}
+template struct PrepPass<true>;
+
+}  // namespace cbwd
+}  // namespace gdn

@@ -1,0 +1,189 @@
+/* CUDA chunk backward, the two sweeps over each sequence's chunks, one block
+ * per (sequence, value head, 64 columns of V): fwd_sweep, the state entering
+ * each chunk into `states`; bwd_sweep in reverse, dS leaving each chunk into
+ * `dstates`, then dh0; their launchers. */
+#include "cuda/chunk_bwd.cuh"
+
+namespace gdn {
+namespace cbwd {
+namespace {
+
+/* the 64 x 64 matrix at src (row stride 64) into dst with row stride ld */
+__device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src) {
+    batched<16>(CC * CC, [&](int e) { return src[e]; }, [&](int e, float v) { dst[(e >> 6) * ld + (e & 63)] = v; });
+}
+
+/* state (n, j) of h0 / dht / dh0, element (i, v) of the k-first view */
+__device__ __forceinline__ int64_t state_at(const BwdArgs &p, int64_t n, int j, int i, int v) {
+    const int64_t base = (n * p.HV + j) * (int64_t)p.K * p.V;
+    return base + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)v * p.K + i : (int64_t)i * p.V + v);
+}
+
+/* ---- fwd_sweep: one block per (n, j, VT columns). Per chunk (chunk_fwd.c
+ * gdn_chunk_u, gdn_chunk_state_step):
+ *   states[slot] = S;  X = Bv - Bk S;  U = Tm X;  S = exp(gc_last) S + Kd^T U ---- */
+template <bool SPLIT>
+__global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
+    extern __shared__ __align__(16) float sm[];
+    const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
+    const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
+    const int64_t n = blockIdx.x / (p.nvt * p.HV);
+    const int v0 = vb * VT;
+    float *S = sm, *Ks = S + Kp * R8, *Tm = Ks + CC * lk, *X = Tm + CC * R4, *U = X + CC * R8;
+    double *gcd = reinterpret_cast<double *>(U + CC * R8);
+    float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC;
+    for (int e = tid; e < Kp * R8; e += NT) {
+        const int i = e / R8, v = v0 + e % R8;
+        S[e] = (p.h0 && i < K && e % R8 < VT && v < V) ? p.h0[state_at(p, n, j, i, v)] : 0.f;
+    }
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    BP_DECL;
+    for (int64_t ci = 0; ci < nch; ci++) {
+        const int64_t slot = sb + ci, row0 = bos + ci * CC;
+        const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
+        const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        __syncthreads();   /* S complete; the previous chunk's Ks, Tm, X, U no longer read */
+        float *st = p.states + (slot * p.HV + j) * (int64_t)K * V;
+        for (int e = tid; e < K * VT; e += NT) {
+            const int i = e / VT, v = v0 + e % VT;
+            if (v < V) st[(int64_t)i * V + v] = S[i * R8 + e % VT];
+        }
+        BP(0);
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+        load_rows_v(p, p.v, row0, c, j, v0, VT, X, R8);
+        load_64x64(Tm, R4, rec + R_TM);
+        if (tid < CC) {
+            gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
+            gam[tid] = rec[R_GAM + tid];
+            bet[tid] = rec[R_BETA + tid];
+        }
+        __syncthreads();
+        if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_s) */
+        BP(1);
+        /* X = Bv - Bk S, Bv = beta v, Bk = beta exp(gc) k */
+        gdn::block_mm<SPLIT>(CC, VT, K, [&](int t, int i) { return Ks[t * lk + i]; }, [&](int i, int v) { return S[i * R8 + v]; },
+                             [&](int t, int v, float acc) {   /* X holds v (zero past c and V) */
+                                 X[t * R8 + v] = t < c ? bet[t] * X[t * R8 + v] - (bet[t] * gam[t]) * acc : 0.f;
+                             });
+        __syncthreads();
+        BP(2);
+        /* U = Tm X (Tm lower triangular) */
+        gdn::block_mm<SPLIT>(
+            CC, VT, CC, [&](int t, int s) { return Tm[t * R4 + s]; }, [&](int s, int v) { return X[s * R8 + v]; },
+            [&](int t, int v, float acc) { U[t * R8 + v] = acc; }, [](int i0, int *, int *k1) { *k1 = i0 + 16; });
+        __syncthreads();
+        BP(3);
+        /* S = exp(gc_last) S + Kd^T U */
+        const float gl = gam[c - 1];
+        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int s) { return ek[s] * Ks[s * lk + i]; },
+                             [&](int s, int v) { return U[s * R8 + v]; },
+                             [&](int i, int v, float acc) { S[i * R8 + v] = gl * S[i * R8 + v] + acc; });
+        BP(4);
+    }
+    BP_PRINT(blockIdx.x == 0 && nch > 0, "fwd_sweep per chunk: store S | loads | X | U | S update", 5, nch);
+}
+
+/* ---- bwd_sweep: one block per (n, j, VT columns), chunks in reverse
+ * (chunk_bwd.c dstate_span). dS is dL/dS leaving the chunk:
+ *   dstates[slot] = dS
+ *   dU = P^T dO + Kd dS;  Y = Tm^T dU (= dBv)
+ *   dS = exp(gc_last) dS - Bk^T Y + (scale diag(exp gc) Q)^T dO
+ * (Bk^T Y = Wk^T dU, Wk = Tm Bk). dh0 = dS after the first chunk. ---- */
+template <bool SPLIT>
+__global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
+    extern __shared__ __align__(16) float sm[];
+    const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
+    const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
+    const int64_t n = blockIdx.x / (p.nvt * p.HV);
+    const int v0 = vb * VT;
+    float *dS = sm, *Ks = dS + Kp * R8, *P = Ks + CC * lk, *Tm = P + CC * R8, *dO = Tm + CC * R8, *dU = dO + CC * R8,
+          *Y = P;   /* P is read only before Y is written */
+    double *gcd = reinterpret_cast<double *>(dU + CC * R8);
+    float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC;
+    for (int e = tid; e < Kp * R8; e += NT) {
+        const int i = e / R8, v = v0 + e % R8;
+        dS[e] = (p.dht && i < K && e % R8 < VT && v < V) ? p.dht[state_at(p, n, j, i, v)] : 0.f;
+    }
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    for (int64_t ci = nch - 1; ci >= 0; ci--) {
+        const int64_t slot = sb + ci, row0 = bos + ci * CC;
+        const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
+        const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */
+        float *st = p.dstates + (slot * p.HV + j) * (int64_t)K * V;
+        for (int e = tid; e < K * VT; e += NT) {
+            const int i = e / VT, v = v0 + e % VT;
+            if (v < V) st[(int64_t)i * V + v] = dS[i * R8 + e % VT];
+        }
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+        load_64x64(P, R8, rec + R_P);
+        load_64x64(Tm, R8, rec + R_TM);
+        load_rows_v(p, p.dout, row0, c, j, v0, VT, dO, R8);
+        if (tid < CC) {
+            gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
+            gam[tid] = rec[R_GAM + tid];
+            bet[tid] = rec[R_BETA + tid];
+        }
+        __syncthreads();
+        if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;
+        __syncthreads();
+        /* dU = P^T dO + Kd dS, one product over k = (s, then i) */
+        gdn::block_mm<SPLIT>(
+            CC, VT, CC + Kp,
+            [&](int t, int k) { return k < CC ? P[k * R8 + t] : ek[t] * Ks[t * lk + k - CC]; },
+            [&](int k, int v) { return k < CC ? dO[k * R8 + v] : dS[(k - CC) * R8 + v]; },
+            [&](int t, int v, float acc) { dU[t * R8 + v] = acc; }, [](int i0, int *k0, int *) { *k0 = i0; });
+        __syncthreads();
+        /* Y = Tm^T dU */
+        gdn::block_mm<SPLIT>(
+            CC, VT, CC, [&](int t, int s) { return Tm[s * R8 + t]; }, [&](int s, int v) { return dU[s * R8 + v]; },
+            [&](int t, int v, float acc) { Y[t * R8 + v] = acc; }, [](int i0, int *k0, int *) { *k0 = i0; });
+        __syncthreads();
+        /* dS = exp(gc_last) dS - Bk^T Y */
+        const float gl = gam[c - 1];
+        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (bet[t] * gam[t]) * Ks[t * lk + i]; },
+                             [&](int t, int v) { return Y[t * R8 + v]; },
+                             [&](int i, int v, float acc) { dS[i * R8 + v] = gl * dS[i * R8 + v] - acc; });
+        __syncthreads();   /* Ks free: q rows in its place */
+        load_qk(p, p.q, p.rstd_q, row0, c, h, Ks, lk);
+        __syncthreads();
+        /* dS += (scale exp(gc_t) q_t)^T dO */
+        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (p.scale * gam[t]) * Ks[t * lk + i]; },
+                             [&](int t, int v) { return dO[t * R8 + v]; },
+                             [&](int i, int v, float acc) { dS[i * R8 + v] += acc; });
+    }
+    if (p.dh0) {
+        __syncthreads();
+        for (int e = tid; e < K * VT; e += NT) {
+            const int i = e / VT, v = v0 + e % VT;
+            if (v < V) p.dh0[state_at(p, n, j, i, v)] = dS[i * R8 + e % VT];
+        }
+    }
+}
+
+int sweep_smem(int K, bool bwd) {
+    const int Kp = k8(K), floats = Kp * R8 + CC * ld4(Kp) + (bwd ? 4 * CC * R8 : CC * R4 + 2 * CC * R8);
+    return (floats + 2 * CC /* gcd */ + 3 * CC) * (int)sizeof(float);
+}
+
+}  // namespace
+
+template <bool SPLIT> cudaError_t SweepPass<SPLIT>::attr(int K) {
+    cudaError_t e;
+    if ((e = smem_attr(fwd_sweep_kernel<SPLIT>, sweep_smem(K, false))) != cudaSuccess) return e;
+    return smem_attr(bwd_sweep_kernel<SPLIT>, sweep_smem(K, true));
+}
+template <bool SPLIT> void SweepPass<SPLIT>::launch_fwd(const BwdArgs &p, unsigned blocks, cudaStream_t st) {
+    fwd_sweep_kernel<SPLIT><<<blocks, NT, sweep_smem(p.K, false), st>>>(p);
+}
+template <bool SPLIT> void SweepPass<SPLIT>::launch_bwd(const BwdArgs &p, unsigned blocks, cudaStream_t st) {
+    bwd_sweep_kernel<SPLIT><<<blocks, NT, sweep_smem(p.K, true), st>>>(p);
+}
+template struct SweepPass<true>;
+
+}  // namespace cbwd
+}  // namespace gdn
