@@ -59,7 +59,7 @@ __device__ __forceinline__ int64_t slot_base(const BwdArgs &p, int64_t n) {
     return bos / CC + n;
 }
 #ifdef GDN_BWD_PROFILE   /* cycles per step, thread 0 */
-#define BP_DECL long long bp_[24] = {0}, bt_ = clock64()
+#define BP_DECL long long bp_[25] = {0}, bt_ = clock64()   /* BP(0..24) */
 #define BP(k) do { if (threadIdx.x == 0) { const long long t1_ = clock64(); bp_[k] += t1_ - bt_; bt_ = t1_; } } while (0)
 #define BP_PRINT(cond, name, n, div)                                              \
     do {                                                                          \
