@@ -1,6 +1,7 @@
 /* Fuzz target over the public C API on the CPU backend.
  *
- * One input (a few dozen bytes) picks an op, its shape (including zeros,
+ * One input (a few dozen bytes) picks an op (the chunk forward and backward
+ * also their context-parallel calls, gdn_cp_*), its shape (including zeros,
  * negatives, head dims past 256, HV not a multiple of H), dtypes (including
  * values outside the enum), flags (including unknown bits), which pointers
  * are NULL, cu_seqlens contents, decode / conv slots, and how many workspace
@@ -124,6 +125,21 @@ static const int Ds[] = {8, 16, 5, 1, 33, 64, 0, 257, -4};
 static const int dts[] = {GDN_F32, GDN_BF16, GDN_F16, GDN_F32, 3, -1};
 static const int Ws[] = {4, 2, 1, 8, 0, 9};
 
+static long cp_calls, cp_accepted;   /* context-parallel calls made, and accepted */
+
+/* a context-parallel rank (gdn_cp_*): mostly a valid one, now and then not
+ * (world -1..3, rank -1..world, continue flags that the rank cannot have, 2) */
+static gdn_cp_config cp_config(rd *r) {
+    gdn_cp_config cp;
+    const int junk = byte(r) % 6 == 0;
+    cp.world = junk && byte(r) % 2 ? (int)(byte(r) % 5) - 1 : 1 + (int)(byte(r) % 3);
+    cp.rank = junk && byte(r) % 2 ? (int)(byte(r) % (unsigned)(cp.world > 0 ? cp.world + 2 : 2)) - 1
+                                  : (int)(byte(r) % (unsigned)(cp.world > 0 ? cp.world : 1));
+    cp.first_continues = junk ? (int)(byte(r) % 3) : cp.rank > 0 && byte(r) % 2;
+    cp.last_continues = junk ? (int)(byte(r) % 3) : cp.rank < cp.world - 1 && byte(r) % 2;
+    return cp;
+}
+
 static int run_one(const uint8_t *data, size_t size, int *accepted_op, gdn_status *status) {
     rd r = {data, size, 0};
     bufs B = {0};
@@ -181,7 +197,26 @@ static int run_one(const uint8_t *data, size_t size, int *accepted_op, gdn_statu
                 a.saved_bytes = a.saved ? (saved_need && byte(&r) % 6 == 0 ? saved_need - 1 : saved_need) : 0;
                 a.workspace = buf(&B, &r, "workspace", wneed, 1, 2, 1);
                 a.workspace_bytes = a.workspace ? (wneed && byte(&r) % 6 == 0 ? wneed / 2 : wneed) : 0;
-                st = gdn_chunk_fwd(exp, &c, &a);
+                /* the last byte of the case picks a context-parallel call on the same tensors
+                 * (past the end of an input it reads 0: the plain call, as before) */
+                const unsigned cpb = byte(&r) % 8;
+                if (cpb == 1 || cpb == 2) {
+                    const gdn_cp_config cp = cp_config(&r);
+                    const size_t mf = cap(gdn_cp_map_floats(&c)), cw = cap(gdn_cp_fwd_map_workspace_size(exp, &c, &cp));
+                    if (cpb == 1) {
+                        a.workspace = buf(&B, &r, "cp workspace", cw, 1, 2, 1);
+                        a.workspace_bytes = a.workspace ? (cw && byte(&r) % 6 == 0 ? cw - 1 : cw) : 0;
+                        st = gdn_cp_fwd_map(exp, &c, &cp, &a, buf(&B, &r, "map", mf, 4, 1, 1));
+                    } else {
+                        const size_t world = cp.world > 0 ? (size_t)cp.world : 0;
+                        const float *maps = buf(&B, &r, "maps", mf * world, 4, 0, 1);
+                        st = gdn_cp_fwd_scan(exp, &c, &cp, maps, buf(&B, &r, "S_in", elems(c.HV, c.K, c.V, 1), 4, 1, 1));
+                    }
+                    cp_calls++;
+                    cp_accepted += st == GDN_OK;
+                } else {
+                    st = gdn_chunk_fwd(exp, &c, &a);
+                }
             } else {
                 st = gdn_recurrent_fwd(exp, &c, &a);
             }
@@ -201,7 +236,25 @@ static int run_one(const uint8_t *data, size_t size, int *accepted_op, gdn_statu
             const size_t wneed = cap(gdn_chunk_bwd_workspace_size(exp, &c));
             a.workspace = buf(&B, &r, "workspace", wneed, 1, 2, 1);
             a.workspace_bytes = a.workspace ? (wneed && byte(&r) % 6 == 0 ? wneed - 1 : wneed) : 0;
-            st = gdn_chunk_bwd(exp, &c, &a);
+            const unsigned cpb = byte(&r) % 8;   /* as in the forward: a context-parallel call */
+            if (cpb == 1 || cpb == 2) {
+                const gdn_cp_config cp = cp_config(&r);
+                const size_t mf = cap(gdn_cp_map_floats(&c)), cw = cap(gdn_cp_bwd_map_workspace_size(exp, &c, &cp));
+                if (cpb == 1) {
+                    a.workspace = buf(&B, &r, "cp workspace", cw, 1, 2, 1);
+                    a.workspace_bytes = a.workspace ? (cw && byte(&r) % 6 == 0 ? cw - 1 : cw) : 0;
+                    const float *fmap = buf(&B, &r, "fwd_map", mf, 4, 0, 1);
+                    st = gdn_cp_bwd_map(exp, &c, &cp, &a, fmap, buf(&B, &r, "bmap", mf, 4, 1, 1));
+                } else {
+                    const size_t world = cp.world > 0 ? (size_t)cp.world : 0;
+                    const float *maps = buf(&B, &r, "maps", mf * world, 4, 0, 1);
+                    st = gdn_cp_bwd_scan(exp, &c, &cp, maps, buf(&B, &r, "dS_out", elems(c.HV, c.K, c.V, 1), 4, 1, 1));
+                }
+                cp_calls++;
+                cp_accepted += st == GDN_OK;
+            } else {
+                st = gdn_chunk_bwd(exp, &c, &a);
+            }
         }
     } else if (op <= 6) {   /* gate, l2norm */
         const int64_t rows = (int64_t)PICK(&r, Ts) * PICK(&r, Bs);
@@ -446,6 +499,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < 16; s++) pairs += seen[o][s];
     printf("gdn_fuzz: %ld executions (%ld corpus inputs replayed), %ld calls accepted, %d (op, status) pairs seen, "
            "%.1f s; no broken promise\n", runs, replayed, accepted, pairs, now_s() - t0);
+    printf("gdn_fuzz: of them %ld context-parallel calls, %ld accepted\n", cp_calls, cp_accepted);
     for (int c = 0; c < ncorpus; c++) free(corpus[c]);
     return 0;
 }
