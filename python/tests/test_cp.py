@@ -199,6 +199,8 @@ def test_cp_matches_one_process(world):
     import torch.multiprocessing as mp
     # the children's environment: libgdn on one thread each (a small machine), the run's seed in their messages
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GDN_TEST_SEED": str(SEED)}
+    if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        env["GLOO_SOCKET_IFNAME"] = "lo"   # gloo on the loopback: no dependence on the host name resolving
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
