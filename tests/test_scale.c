@@ -6,7 +6,8 @@
  *
  * big:  one sequence whose v/o/dv tensors hold more than 2^31 elements
  *       (CPU: T = 2^20+256, H 1, HV 8, K 16, V 256; CUDA: the qwen3next heads
- *       H 16, HV 32, K = V = 128, T = 600064), bf16, in-kernel L2 norm. The
+ *       H 16, HV 32, K = V = 128, T = 524544, ~63 GiB of device memory with
+ *       the backward's workspace), bf16, in-kernel L2 norm. The
  *       forward and backward in one call equal the same call run in 4 pieces
  *       (each under 2^31 elements, states handed on: ht -> h0 forward,
  *       dh0 -> dht backward): bitwise on the CPU with seq_split = 1, within
@@ -206,7 +207,7 @@ static void *offset(const void *p, size_t elems, size_t es) { return (char *)p +
 static void case_big(gdn_backend be, int64_t T) {
     const int cpu = be == GDN_BACKEND_CPU;
     const int H = cpu ? 1 : 16, HV = cpu ? 8 : 32, K = cpu ? 16 : 128, V = cpu ? 256 : 128, NP = 4;
-    if (T <= 0) T = cpu ? ((int64_t)1 << 20) + 256 : 600064;
+    if (T <= 0) T = cpu ? ((int64_t)1 << 20) + 256 : 524544;   /* CUDA: ~63 GiB with the backward's workspace */
     T = (T + 64 * NP - 1) / (64 * NP) * (64 * NP);           /* pieces start on a chunk boundary */
     const int64_t TP = T / NP;
     const gdn_dtype dt = GDN_BF16;
@@ -244,7 +245,8 @@ static void case_big(gdn_backend be, int64_t T) {
     p.o = dev_alloc(pv * es);
     p.saved_bytes = gdn_chunk_saved_size(&cp); p.saved = dev_alloc(p.saved_bytes);
     wf = gdn_chunk_fwd_workspace_size(&ex, &cp); wb = gdn_chunk_bwd_workspace_size(&ex, &cp);
-    p.ws_bytes = wf > wb ? wf : wb; p.ws = dev_alloc(p.ws_bytes);
+    if ((wf > wb ? wf : wb) > w.ws_bytes) { fprintf(stderr, "gdn_test_scale: a piece needs more workspace than the whole call\n"); exit(2); }
+    p.ws_bytes = w.ws_bytes; p.ws = w.ws;   /* the pieces run after the whole call: its workspace serves them */
     float *states = dev_alloc((size_t)(NP + 1) * ns * 4);     /* the state entering each piece, and the last ht */
     dev_copy(states, w.h0, ns * 4);
     int same = 1, fin = 1;
@@ -330,7 +332,7 @@ static void case_big(gdn_backend be, int64_t T) {
         check(rel_h0 <= 1e-2, "big backward: dh0 of one call = after 4 pieces", "rel diff %.3e", rel_h0);
     }
     void *all[] = {w.q, w.k, w.v, w.g, w.beta, w.h0, w.ht, w.saved, w.ws, w.dout, w.dht, w.dq, w.dk, w.dv, w.dg,
-                   w.dbeta, w.dh0, p.o, p.saved, p.ws, p.dq, p.dk, p.dv, p.dg, p.dbeta, states, dstate};
+                   w.dbeta, w.dh0, p.o, p.saved, p.dq, p.dk, p.dv, p.dg, p.dbeta, states, dstate};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) dev_free(all[i]);
 }
 

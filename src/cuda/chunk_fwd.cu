@@ -74,7 +74,8 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
             enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
         tried = true;
     }
-    if (!enc || rows <= 0 || (reinterpret_cast<uintptr_t>(base) & 15) || (cols & 7)) return false;
+    /* rows < 2^31: tma_rows takes the row coordinate as a signed 32-bit int */
+    if (!enc || rows <= 0 || rows > INT32_MAX || (reinterpret_cast<uintptr_t>(base) & 15) || (cols & 7)) return false;
     const cuuint64_t dim[3] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows};
     const cuuint64_t stride[2] = {(cuuint64_t)cols * 2, (cuuint64_t)heads * cols * 2};
     const cuuint32_t bx[3] = {(cuuint32_t)box, 1, CC}, es[3] = {1, 1, 1};
@@ -110,6 +111,13 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     auto walk = [&](const ChunkArgs &pa, unsigned blocks) {   /* the state pass, either form */
         return tr ? StateTPass<E>::launch(pa, blocks, ws, tmt, st) : StatePass<KT, BV, E>::launch(pa, blocks, ws, tm, st);
     };
+    /* the grids are 1-D: more than 2^31 - 1 blocks is no launch, and the
+     * (unsigned) casts below would silently cut 2^32 or more (the prep's grid
+     * is dense in maxch: N * H * maxch for varlen with many sequences and one
+     * long one); refuse those before anything is queued */
+    const int64_t walk_blocks =
+        N * p.HV * (p.sc ? (int64_t)((maxch + p.sc - 1) / p.sc) * (p.nvb_v + (p.K + BV - 1) / BV) : p.nvb_v);
+    if (N * p.H * maxch > INT32_MAX || walk_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
     if (maxch > 0) PrepPass<KT, E>::launch(p, N, maxch, ws, st);
     if (!p.sc) {
         p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
