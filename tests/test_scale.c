@@ -16,7 +16,8 @@
  * long: T = 2^20 in one sequence with no decay (g = 0) and with hard decay
  *       (g = -20), h0 given: every output and gradient finite, the sequence cut into
  *       segments (seq_split 0) equal to uncut (seq_split 1) within §5.
- * Ends with "N passed, M failed"; exit status 1 if any check failed. */
+ * Every output is filled with NaN before its call. Ends with "N passed, M
+ * failed"; exit status 1 if any check failed. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -234,6 +235,7 @@ static void case_big(gdn_backend be, int64_t T) {
     size_t wf = gdn_chunk_fwd_workspace_size(&ex, &c), wb = gdn_chunk_bwd_workspace_size(&ex, &c);
     w.ws_bytes = wf > wb ? wf : wb; w.ws = dev_alloc(w.ws_bytes);
     w.o = dev_alloc(nv * es);
+    fill(dt, w.o, nv, CONST, NAN, 0); fill(GDN_F32, w.ht, ns, CONST, NAN, 0);   /* outputs poisoned */
     printf("  inputs made (%.1f s)\n", now_s() - t0);
     t0 = now_s();
     run_fwd(&ex, &c, &w);
@@ -256,6 +258,7 @@ static void case_big(gdn_backend be, int64_t T) {
         p.q = offset(w.q, i * pq, es); p.k = offset(w.k, i * pq, es); p.v = offset(w.v, i * pv, es);
         p.g = offset(w.g, i * pg, 4); p.beta = offset(w.beta, i * pg, 4);
         p.h0 = states + (size_t)i * ns; p.ht = states + (size_t)(i + 1) * ns;
+        fill(dt, p.o, pv, CONST, NAN, 0); fill(GDN_F32, p.ht, ns, CONST, NAN, 0);
         run_fwd(&ex, &cp, &p);
         double rel;
         int f;
@@ -282,6 +285,9 @@ static void case_big(gdn_backend be, int64_t T) {
     fill(dt, w.dout, nv, NORMAL, 1, 7); fill(GDN_F32, w.dht, ns, NORMAL, 0.3, 8);
     w.dq = dev_alloc(nq * es); w.dk = dev_alloc(nq * es); w.dv = dev_alloc(nv * es);
     w.dg = dev_alloc(ng * 4); w.dbeta = dev_alloc(ng * 4); w.dh0 = dev_alloc(ns * 4);
+    fill(dt, w.dq, nq, CONST, NAN, 0); fill(dt, w.dk, nq, CONST, NAN, 0); fill(dt, w.dv, nv, CONST, NAN, 0);
+    fill(GDN_F32, w.dg, ng, CONST, NAN, 0); fill(GDN_F32, w.dbeta, ng, CONST, NAN, 0);
+    fill(GDN_F32, w.dh0, ns, CONST, NAN, 0);
     t0 = now_s();
     run_bwd(&ex, &c, &w);
     sync_dev();
@@ -302,6 +308,9 @@ static void case_big(gdn_backend be, int64_t T) {
         p.dout = offset(w.dout, i * pv, es);
         p.dht = dcur;
         p.dh0 = dnext;
+        fill(dt, p.dq, pq, CONST, NAN, 0); fill(dt, p.dk, pq, CONST, NAN, 0); fill(dt, p.dv, pv, CONST, NAN, 0);
+        fill(GDN_F32, p.dg, pg, CONST, NAN, 0); fill(GDN_F32, p.dbeta, pg, CONST, NAN, 0);
+        fill(GDN_F32, p.dh0, ns, CONST, NAN, 0);
         run_bwd(&ex, &cp, &p);
         float *t = dcur; dcur = dnext; dnext = t;
         const void *mine[5] = {p.dq, p.dk, p.dv, p.dg, p.dbeta};
@@ -369,6 +378,9 @@ static void case_long(gdn_backend be, int64_t T, float g_value) {
         b->ws_bytes = wf > wb ? wf : wb; b->ws = dev_alloc(b->ws_bytes);
         b->dq = dev_alloc(nq * 4); b->dk = dev_alloc(nq * 4); b->dv = dev_alloc(nv * 4);
         b->dg = dev_alloc(ng * 4); b->dbeta = dev_alloc(ng * 4); b->dh0 = dev_alloc(ns * 4);
+        void *outs[] = {b->o, b->ht, b->dq, b->dk, b->dv, b->dg, b->dbeta, b->dh0};
+        const size_t nout[] = {nv, ns, nq, nq, nv, ng, ng, ns};
+        for (int x = 0; x < 8; x++) fill(GDN_F32, outs[x], nout[x], CONST, NAN, 0);   /* outputs poisoned */
         const double t0 = now_s();
         run_fwd(&ex, &c, b);
         run_bwd(&ex, &c, b);

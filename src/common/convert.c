@@ -82,10 +82,7 @@ void gdn_load(gdn_dtype t, const void *src, int64_t off, float *dst, int64_t n) 
     int64_t i = 0;
     if (t == GDN_F32) { memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float)); return; }
     const uint16_t *s = (const uint16_t *)src + off;
-    if (t == GDN_BF16) {
-        for (; i < n; i++) { uint32_t u = (uint32_t)s[i] << 16; memcpy(dst + i, &u, 4); }
-        return;
-    }
+    if (t == GDN_BF16) { gdn_bf16_row_load(s, dst, n); return; }
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
@@ -97,15 +94,7 @@ void gdn_store(gdn_dtype t, void *dst, int64_t off, const float *src, int64_t n)
     int64_t i = 0;
     if (t == GDN_F32) { memcpy((float *)dst + off, src, (size_t)n * sizeof(float)); return; }
     uint16_t *d = (uint16_t *)dst + off;
-    if (t == GDN_BF16) {   /* gdn_f32_to_bf16 written branch-free, so the loop vectorises */
-        for (; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, src + i, 4);
-            const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-        }
-        return;
-    }
+    if (t == GDN_BF16) { gdn_bf16_row_store(src, d, n); return; }   /* gdn_f32_to_bf16, branch-free */
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));

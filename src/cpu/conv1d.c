@@ -31,21 +31,14 @@ enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 
 /* ---- rows of one channel block, converted to / from f32 (common/convert.c) ---- */
 
-/* bf16 inline (the common case; a call per 64-channel row costs as much as its work), else the converters */
-static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *restrict dst, int n) {
-    if (t != GDN_BF16) { gdn_load(t, src, off, dst, n); return; }
-    const uint16_t *restrict s = (const uint16_t *)src + off;
-    for (int i = 0; i < n; i++) { const uint32_t u = (uint32_t)s[i] << 16; memcpy(dst + i, &u, 4); }
+/* bf16 rows inline (the common case; a call per 64-channel row costs as much as its work) */
+static inline void load_row(gdn_dtype t, const void *src, int64_t off, float *dst, int n) {
+    if (t == GDN_BF16) gdn_bf16_row_load((const uint16_t *)src + off, dst, n);
+    else gdn_load(t, src, off, dst, n);
 }
-static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *restrict src, int n) {
-    if (t != GDN_BF16) { gdn_store(t, dst, off, src, n); return; }
-    uint16_t *restrict d = (uint16_t *)dst + off;
-    for (int i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-    }
+static inline void store_row(gdn_dtype t, void *dst, int64_t off, const float *src, int n) {
+    if (t == GDN_BF16) gdn_bf16_row_store(src, (uint16_t *)dst + off, n);
+    else gdn_store(t, dst, off, src, n);
 }
 
 /* prefetch the CB channels at element off of a dtype-t tensor */
@@ -85,8 +78,6 @@ INLINE void conv_z(const int W, int nb, const float *xb, const float wt[WMAX][CB
         }
     }
 }
-
-static void silu_rows(float *z, int n) { gdn_silu_rows(z, n); }
 
 /* dz = dy * act'(z), act'(z) = s (1 + z (1 - s)) for SiLU, s = sigmoid(z) */
 static void silu_grad_rows(const float *z, const float *dy, float *dz, int n) {
@@ -176,7 +167,7 @@ static void fwd_piece(const gdn_conv1d_config *c, const gdn_conv1d_args *a, int6
         const int nb = (int)(t1 - tb < SB ? t1 - tb : SB);
         for (int i = 0; i < nb; i++) load_row(dt, a->x, (bos + tb + i) * D + d0, xb + (W - 1 + i) * CB, nc);
         conv_z_any(W, nb, xb, wt, bv, z);
-        if (c->silu) silu_rows(z, nb * CB);
+        if (c->silu) gdn_silu_rows(z, nb * CB);
         for (int i = 0; i < nb; i++) store_row(dt, a->y, (bos + tb + i) * D + d0, z + i * CB, nc);
         memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
     }
@@ -363,7 +354,7 @@ void gdn_cpu_conv1d_update(int threads, const gdn_conv1d_config *c, const void *
                 load_row(c->dtype, x, b * D + d0, xr, nc);
                 update_rows_any(W, nc, state + (s * D + d0) * W, weight + (int64_t)d0 * W, bias ? bias + d0 : NULL,
                                 xr, z);
-                if (c->silu) silu_rows(z, nc);
+                if (c->silu) gdn_silu_rows(z, nc);
             }
             store_row(c->dtype, y, b * D + d0, z, nc);
         }
