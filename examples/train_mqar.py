@@ -236,7 +236,26 @@ def parse_args(argv=None):
     p.add_argument("--plot", default=None, metavar="FILE",
                    help="PNG of the loss and accuracy curves (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--fla-lift-640", action="store_true",
+                   help="with --kernel fla on Hopper and Triton >= 3.4, < 3.7.1, where FLA refuses its gated "
+                        "backward (FLA issue 640: wrong gradients there), run it anyway: for timing only, "
+                        "its curve is not to be trusted")
     return p.parse_args(argv)
+
+
+def lift_fla_640_guard():
+    """Lets FLA's gated Triton backward run where its issue-640 guard refuses it; True if lifted."""
+    import importlib
+    try:
+        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
+    except ImportError:
+        return False
+    if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) or not getattr(chunk_o, "IS_NVIDIA_HOPPER", False):
+        return False
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    print("note: FLA's issue-640 guard lifted (--fla-lift-640): its gated backward runs on a Triton "
+          "that gives it wrong gradients on Hopper; the fla row is for timing only", flush=True)
+    return True
 
 
 def main(argv=None):
@@ -247,6 +266,8 @@ def main(argv=None):
     absolute difference of their losses."""
     args = parse_args(argv)
     kernels = {"both": ["gdn", "torch"], "all": ["gdn", "torch", "fla"]}.get(args.kernel, [args.kernel])
+    if args.fla_lift_640 and "fla" in kernels:
+        lift_fla_640_guard()
     chance = 1.0 / args.values
     out = {"args": vars(args), "chance": chance, "runs": {}}
     for k in kernels:

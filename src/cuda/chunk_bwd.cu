@@ -1,13 +1,16 @@
 /* CUDA chunked backward: the host side (the workspace, the passes' launch
  * sequence, the -DGDN_BWD_PROFILE phase times) and the C entry points of
  * cuda_backend.h. The kernels are in chunk_bwd_prep.cu (slot_info, prep),
- * chunk_bwd_sweep.cu (fwd_sweep, bwd_sweep) and chunk_bwd_grp.cu (the group
- * stage, dparam); what they share in chunk_bwd.cuh.
+ * chunk_bwd_sweep.cu (fwd_sweep, bwd_sweep), chunk_bwd_local.cu (the
+ * chunk-local stage) and chunk_bwd_grp.cu (the group stage, grp_qk, dparam);
+ * what they share in chunk_bwd.cuh.
  *
- * The CUDA chunked backward (gdn_chunk_bwd), version 2: the math and the
+ * The CUDA chunked backward (gdn_chunk_bwd), version 3: the math and the
  * arithmetic choices of the CPU backward (src/cpu/chunk_bwd.c,
- * src/cpu/chunk.h), every product on the tensor cores as 3xTF32 (fp32
- * accuracy; src/cuda/mma_tf32.cuh), the rest fp32 / double as the CPU. *
+ * src/cpu/chunk.h), every product on the tensor cores (src/cuda/mma_tf32.cuh)
+ * as 3xTF32 (fp32 accuracy), except the chunk-local stage's for bf16 / f16
+ * inputs from K = 16, which take one tf32 product (their gradients are
+ * stored in 16 bits); the rest fp32 / double as the CPU.
  * Chunks are addressed by a slot: chunk i of sequence n (bos, len) is slot
  * floor(bos / 64) + n + i, injective and < B*T/64 + N + 1 (the forward's
  * record count), so per-chunk arrays need no host-side index.
@@ -20,11 +23,16 @@
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop)
  *   bwd_sweep   per (n, j, 64 columns of V), chunks in reverse: dS leaving
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
- *   group stage chunks in groups of whole slots (all HV heads of a slot in
- *               one group): one block per (slot, j) runs chunk_backward of
- *               chunk_bwd.c step by step over a per-item scratch in global
- *               memory (grp_kernel); then dq, dk summed over the G value
- *               heads in order, the l2norm chain, stored (grp_qk_kernel)
+ *               Both sweeps fetch the next chunk into registers while the
+ *               current one computes (bf16 / f16, K <= 128, aligned).
+ *   local stage K <= 128: one block per (slot, j) runs chunk_backward of
+ *               chunk_bwd.c with its tiles in shared memory and its sums
+ *               over V in registers (chunk_bwd_local.cu); dq, dk summed
+ *               over the G value heads in order, the l2norm chain, stored
+ *               (grp_qk_kernel). Slots in groups (all HV heads of a slot
+ *               in one group) over a scratch of dQc, dKc per item.
+ *   group stage K > 128: the same per item step by step over a per-item
+ *               scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
  *               over slots in order per j
  *
@@ -56,9 +64,15 @@ Scr scr_layout(int K, int V) {
 
 int64_t nslots_of(const gdn_plan *pl) { return pl->c.B * pl->c.T / CC + pl->N + 1; }
 
-/* slots per group: about 512 items (a few blocks per SM), whole slots */
+/* the chunk-local stage for K <= 128 (chunk_bwd_local.cu); the group stage of
+ * chunk_bwd_grp.cu for larger K */
+bool use_local(int K) { return k8(K) <= 128; }
+
+/* slots per group: whole slots, about 512 items for the group stage (a few
+ * blocks per SM), 2048 for the chunk-local stage (one block per SM, a small
+ * scratch per item) */
 int64_t group_slots(const gdn_plan *pl) {
-    int64_t g = 512 / pl->c.HV;
+    int64_t g = (use_local(pl->c.K) ? 2048 : 512) / pl->c.HV;
     if (g < 1) g = 1;
     const int64_t ns = nslots_of(pl);
     return g < ns ? g : ns;
@@ -76,7 +90,8 @@ WsLayout ws_layout(const gdn_plan *pl) {
     l.states = o; o += al(items * kv * sizeof(float));
     l.dstates = o; o += al(items * kv * sizeof(float));
     l.part = o; o += al(2 * items * sizeof(double));
-    l.scr = o; o += al((size_t)group_slots(pl) * c->HV * scr_layout(c->K, c->V).F * sizeof(float));
+    const int64_t F = use_local(c->K) ? local_scr(c->K).F : scr_layout(c->K, c->V).F;
+    l.scr = o; o += al((size_t)group_slots(pl) * c->HV * F * sizeof(float));
     l.total = o;
     return l;
 }
@@ -95,13 +110,17 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
 #endif
     slot_info_launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    /* every product as 3xTF32 (fp32 accuracy). One tf32 product is not enough
-     * even for bf16 inputs: dk through the L2 norm at K = 1 cancels the tf32
-     * rounding of dKc up to 1.5e-2 of the result (bound 1e-2) */
+    /* every product as 3xTF32 (fp32 accuracy), but the chunk-local stage's
+     * for bf16 / f16 from K = 16. One tf32 product is not enough at tiny K:
+     * dk through the L2 norm at K = 1 cancels the tf32 rounding of dKc up to
+     * 1.5e-2 of the result (bound 1e-2) */
     constexpr bool SPLIT = true;
+    /* the chunk-local stage with one tf32 product for bf16 / f16 inputs from K = 16 */
+    const bool one = p.dt != 0 && K >= 16;
     if ((e = PrepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
     if ((e = SweepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
-    if ((e = GrpPass<SPLIT>::attr(K, V)) != cudaSuccess) return e;
+    const bool local = use_local(K);
+    if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K)) : GrpPass<SPLIT>::attr(K, V)) != cudaSuccess) return e;
     PrepPass<SPLIT>::launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     PHASE(1);
@@ -113,13 +132,19 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     PHASE(3);
-    const Scr o = scr_layout(K, V);
+    const Scr o = local ? local_scr(K) : scr_layout(K, V);
     const int64_t gs = group_slots(pl);
     for (int64_t s0 = 0; s0 < ns; s0 += gs) {
         const int64_t s1 = s0 + gs < ns ? s0 + gs : ns;
         Grp G;
         G.s0 = s0; G.scr = reinterpret_cast<float *>(ws + wl.scr); G.o = o;
-        GrpPass<SPLIT>::launch(p, G, s1 - s0, st);
+        if (local) {
+            if (one) LocalPass<false>::launch(p, G, s1 - s0, st);
+            else LocalPass<SPLIT>::launch(p, G, s1 - s0, st);
+            grp_qk_launch(p, G, s1 - s0, st);
+        } else {
+            GrpPass<SPLIT>::launch(p, G, s1 - s0, st);
+        }
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     if (p.flags & GDN_GATE_FUSED) {

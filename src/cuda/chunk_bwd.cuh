@@ -93,16 +93,96 @@ __device__ __forceinline__ void batched(int n, const FG &get, const FP &put) {
     }
 }
 
+/* 16-byte pieces of rows row0..row0+c-1 of a [rows][heads][ncols] tensor x
+ * (head hh, dtype dt), columns col0..col0+n-1, times rs[row * heads + hh]
+ * where rs is given, to dst [row][ld] (columns [0, n) of rows < c), in two
+ * steps: issue() loads a thread's U pieces from piece b0 on into registers,
+ * commit() converts and stores them, so the loads of one step are in flight
+ * together (a loop over rows waits out the latency once per row) and can be
+ * issued a whole chunk ahead (the sweeps). rows16_ok says whether x, its row
+ * stride and the columns are 16-byte aligned, as this needs. */
+__device__ __forceinline__ bool rows16_ok(const void *x, int dt, int64_t ncols, int col0, int n) {
+    const int es = dt == 0 ? 4 : 2;
+    return !((((int64_t)ncols * es) & 15) || ((col0 * es) & 15) || ((n * es) & 15) || (reinterpret_cast<uintptr_t>(x) & 15));
+}
+__device__ __forceinline__ int rows16_pieces(int dt, int c, int n) { return c * (n * (dt == 0 ? 4 : 2) / 16); }
+
+template <int U> struct Rows16 {
+    uint4 r[U];
+    float f[U];
+    __device__ __forceinline__ void issue(const void *x, int dt, int64_t row0, int c, int heads, int hh, int64_t ncols, int col0, int n,
+                                          const float *rs, int b0) {
+        const int es = dt == 0 ? 4 : 2, per = 16 / es, pr = n / per, np = c * pr;
+        const char *xb = static_cast<const char *>(x);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = b0 + threadIdx.x + u * NT;
+            if (e < np) {
+                const int t = e / pr, q = e - t * pr;
+                const int64_t rowi = (row0 + t) * heads + hh;
+                r[u] = *reinterpret_cast<const uint4 *>(xb + (rowi * ncols + col0 + q * per) * es);
+                f[u] = rs ? rs[rowi] : 1.f;
+            }
+        }
+    }
+    __device__ __forceinline__ void commit(float *dst, int ld, int dt, int c, int n, int b0) const {
+        const int per = dt == 0 ? 4 : 8, pr = n / per, np = c * pr;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = b0 + threadIdx.x + u * NT;
+            if (e >= np) continue;
+            const int t = e / pr, q = e - t * pr;
+            float *d = dst + (int64_t)t * ld + q * per;
+            const uint32_t w[4] = {r[u].x, r[u].y, r[u].z, r[u].w};
+            if (dt == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) d[i] = __uint_as_float(w[i]) * f[u];
+            } else if (dt == 1) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    d[2 * i] = __uint_as_float(w[i] << 16) * f[u];
+                    d[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u) * f[u];
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    d[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu))) * f[u];
+                    d[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16))) * f[u];
+                }
+            }
+        }
+    }
+};
+
+/* the whole of load_rows16's job in rounds of 8 pieces a thread; false (nothing
+ * done) where not aligned */
+__device__ inline bool load_rows16(float *dst, int ld, const void *x, int dt, int64_t row0, int c, int heads, int hh,
+                                   int64_t ncols, int col0, int n, const float *rs) {
+    if (!rows16_ok(x, dt, ncols, col0, n)) return false;
+    const int np = rows16_pieces(dt, c, n);
+    for (int b0 = 0; b0 < np; b0 += 8 * NT) {
+        Rows16<8> R;
+        R.issue(x, dt, row0, c, heads, hh, ncols, col0, n, rs, b0);
+        R.commit(dst, ld, dt, c, n, b0);
+    }
+    return true;
+}
+
 /* rows row0..row0+c-1 of q or k (head h), normalized by the saved rstd
  * (GDN_QK_L2NORM), into dst [64][ld]; rows >= c and columns >= K are zero.
- * A warp per row, two rows at a time, the lanes along the row: the index
- * arithmetic and the rstd once per row, 2 x 9 loads in flight per lane (an
- * element-wise loop with an index division per element measured 55k cycles
- * per chunk in the forward sweep, nine tenths of it instructions and stalls) */
+ * By 16-byte pieces where aligned (load_rows16); else a warp per row, two
+ * rows at a time, the lanes along the row, 2 x 9 loads in flight per lane */
 __device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rstd, int64_t row0, int c, int h, float *dst, int ld) {
     constexpr int PER = (256 + 4 + 31) / 32;   /* ld <= 260 */
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = p.K;
+    if (load_rows16(dst, ld, x, p.dt, row0, c, p.H, h, K, 0, K, l2 ? rstd : nullptr)) {
+        for (int e = threadIdx.x; e < CC * ld; e += NT) {   /* the zeros: rows past c, columns past K */
+            const int t = e / ld, i = e - t * ld;
+            if (t >= c || i >= K) dst[e] = 0.f;
+        }
+        return;
+    }
     for (int t0 = warp; t0 < CC; t0 += 2 * (NT / 32)) {
         float v[2][PER], rs[2];
 #pragma unroll
@@ -130,10 +210,15 @@ __device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rst
 
 /* rows row0..row0+c-1 of a [rows][HV][V] tensor (value head j), columns
  * v0..v0+n-1, into dst [64][ld]; rows >= c and columns past V are zero.
- * Laid out as load_qk; n <= 256 */
+ * By 16-byte pieces where aligned and inside V, else laid out as load_qk;
+ * n <= 256 */
 __device__ inline void load_rows_v(const BwdArgs &p, const void *x, int64_t row0, int c, int j, int v0, int n, float *dst, int ld) {
     constexpr int PER = 256 / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, V = p.V;
+    if (v0 + n <= V && load_rows16(dst, ld, x, p.dt, row0, c, p.HV, j, V, v0, n, nullptr)) {
+        for (int e = threadIdx.x; e < (CC - c) * n; e += NT) dst[(c + e / n) * ld + e % n] = 0.f;
+        return;
+    }
     for (int t0 = warp; t0 < CC; t0 += 2 * (NT / 32)) {
         float v[2][PER];
 #pragma unroll
@@ -155,6 +240,89 @@ __device__ inline void load_rows_v(const BwdArgs &p, const void *x, int64_t row0
                 if (i < n) dst[t * ld + i] = v[r][u];
             }
         }
+    }
+}
+
+/* a 64 x 64 fp32 matrix (16-byte aligned, row stride 64) through registers
+ * to shared memory (row stride ld), 16-byte loads, all of a thread's in
+ * flight at once; issue and commit apart, as Rows16 */
+struct Mat64 {
+    float4 r[CC * CC / 4 / NT];
+    __device__ __forceinline__ void issue(const float *src) {
+        const float4 *s4 = reinterpret_cast<const float4 *>(src);
+#pragma unroll
+        for (int u = 0; u < CC * CC / 4 / NT; u++) r[u] = s4[threadIdx.x + u * NT];
+    }
+    __device__ __forceinline__ void commit(float *dst, int ld) const {
+#pragma unroll
+        for (int u = 0; u < CC * CC / 4 / NT; u++) {
+            const int e = 4 * (threadIdx.x + u * NT);
+            float *d = dst + (e >> 6) * ld + (e & 63);
+            d[0] = r[u].x; d[1] = r[u].y; d[2] = r[u].z; d[3] = r[u].w;
+        }
+    }
+};
+__device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src) {
+    Mat64 m;
+    m.issue(src);
+    m.commit(dst, ld);
+}
+
+/* the end of chunk_backward (every stage): dg = reverse cumsum of dgc plus
+ * the pair terms Rg (ldr its row stride), in double, then through the fused
+ * gate (dA_log, ddt_bias partials into p.part); the beta sigmoid chain;
+ * stores of dg and dbeta. Every thread of the block calls it; row holds CC
+ * floats and pre CC x (CC + 1) doubles of shared memory. */
+__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *rec, const float *Rg,
+                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre)[CC + 1]) {
+    const int64_t gi = slot * p.HV + j;
+    const int t = threadIdx.x, HV = p.HV;
+    if (p.g) {
+        /* dg_t = sum_{t'>=t} dgc_t' + sum_{t'>=t} sum_{s<t} Rg_t's, in double:
+         * pre[t'][t] = sum_{s<t} Rg_t's by rows, then the sums over t' by columns */
+        if (t < c) {
+            double a = 0;
+            for (int u = 0; u < c; u++) {
+                pre[t][u] = a;
+                a += Rg[t * ldr + u];
+            }
+        }
+        __syncthreads();
+        if (t < c) {
+            double acc = 0, colsum = 0;
+            for (int tp = c - 1; tp >= t; tp--) {
+                colsum += pre[tp][t];
+                acc += dgc[tp];
+            }
+            row[t] = (float)(acc + colsum);
+        }
+        __syncthreads();
+        if (t == 0) {
+            if (p.flags & GDN_GATE_FUSED) {
+                const float A = -expf(p.A_log[j]), bias = p.dt_bias ? p.dt_bias[j] : 0.f;
+                double sa = 0, sb = 0;
+                for (int u = 0; u < c; u++) {
+                    const float x = gdn::ld(p.g, (row0 + u) * HV + j, p.gdt) + bias;
+                    const float dg = row[u];
+                    sa += (double)dg * (double)rec[R_G + u];
+                    row[u] = dg * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
+                    sb += row[u];
+                }
+                p.part[gi] = sa;
+                p.part[p.nslots * HV + gi] = sb;
+            }
+        }
+        __syncthreads();
+        if (t < c) gdn::st(p.dg, (row0 + t) * HV + j, row[t], p.gdt);
+    }
+    if (t < c) {
+        float db = dbeta[t];
+        if (p.flags & GDN_BETA_SIGMOID) {
+            const float m = (p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
+            const float sg = gdn::sigmoid(gdn::ld(p.beta, (row0 + t) * HV + j, p.gdt));
+            db *= m * sg * (1.f - sg);
+        }
+        gdn::st(p.dbeta, (row0 + t) * HV + j, db, p.gdt);
     }
 }
 
@@ -202,6 +370,16 @@ template <bool SPLIT> struct GDN_CBWD_HIDDEN SweepPass {
  * dparam after the last group */
 template <bool SPLIT> struct GDN_CBWD_HIDDEN GrpPass {
     static cudaError_t attr(int K, int V);
+    static void launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
+};
+/* chunk_bwd_grp.cu: dq, dk of a group from the items' dQc, dKc in the scratch
+ * (G.o.dQc, G.o.dKc): the sum over the value heads and the L2 norm chain */
+GDN_CBWD_HIDDEN void grp_qk_launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
+/* chunk_bwd_local.cu: the chunk-local stage for K <= 128, one group of nsl
+ * slots; its items' dQc, dKc into the scratch (local_scr) */
+GDN_CBWD_HIDDEN Scr local_scr(int K);
+template <bool SPLIT> struct GDN_CBWD_HIDDEN LocalPass {
+    static cudaError_t attr(int K);
     static void launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
 };
 GDN_CBWD_HIDDEN void dparam_launch(const BwdArgs &p, cudaStream_t st);

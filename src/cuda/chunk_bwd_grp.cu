@@ -155,61 +155,6 @@ __device__ void grp_beta(const BwdArgs &p, const Grp &G, const Item &it) {
         for (int u = lane; u < CC; u += 32) w[G.o.dA + t * CC + u] = 0.f;
 }
 
-/* chunk_backward: "dg = reverse cumsum of dgc; then through the fused gate",
- * the beta sigmoid chain, stores of dg and dbeta; dA_log, ddt_bias partials */
-__device__ void grp_gate(const BwdArgs &p, const Grp &G, const Item &it, float *row, double (*pre)[CC + 1]) {
-    const int64_t gi = it.slot * p.HV + it.j;
-    const int c = it.c, t = threadIdx.x, HV = p.HV;
-    const float *w = it.w;
-    if (p.g) {
-        /* dg_t = sum_{t'>=t} dgc_t' + sum_{t'>=t} sum_{s<t} Rg_t's, in double:
-         * pre[t'][t] = sum_{s<t} Rg_t's by rows, then the sums over t' by columns */
-        if (t < c) {
-            double a = 0;
-            for (int u = 0; u < c; u++) {
-                pre[t][u] = a;
-                a += w[G.o.Rg + t * CC + u];
-            }
-        }
-        __syncthreads();
-        if (t < c) {
-            double acc = 0, colsum = 0;
-            for (int tp = c - 1; tp >= t; tp--) {
-                colsum += pre[tp][t];
-                acc += w[G.o.dgc + tp];
-            }
-            row[t] = (float)(acc + colsum);
-        }
-        __syncthreads();
-        if (t == 0) {
-            if (p.flags & GDN_GATE_FUSED) {
-                const float A = -expf(p.A_log[it.j]), bias = p.dt_bias ? p.dt_bias[it.j] : 0.f;
-                double sa = 0, sb = 0;
-                for (int u = 0; u < c; u++) {
-                    const float x = gdn::ld(p.g, (it.row0 + u) * HV + it.j, p.gdt) + bias;
-                    const float dg = row[u];
-                    sa += (double)dg * (double)it.rec[R_G + u];
-                    row[u] = dg * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
-                    sb += row[u];
-                }
-                p.part[gi] = sa;
-                p.part[p.nslots * HV + gi] = sb;
-            }
-        }
-        __syncthreads();
-        if (t < c) gdn::st(p.dg, (it.row0 + t) * HV + it.j, row[t], p.gdt);
-    }
-    if (t < c) {
-        float db = w[G.o.dbeta + t];
-        if (p.flags & GDN_BETA_SIGMOID) {
-            const float m = (p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
-            const float sg = gdn::sigmoid(gdn::ld(p.beta, (it.row0 + t) * HV + it.j, p.gdt));
-            db *= m * sg * (1.f - sg);
-        }
-        gdn::st(p.dbeta, (it.row0 + t) * HV + it.j, db, p.gdt);
-    }
-}
-
 /* one product of the item: C[M,N] = alpha op(A) op(B) + (acc ? C : 0) on
  * the tensor cores, M <= 64, N <= 256; op(X)[i][q] = X.t ? X[q*ld + i] :
  * X[i*ld + q]; masked elements (LOWER_A: q > i, UPPER_A: q < i) are never
@@ -288,7 +233,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
  * shared memory) */
 template <bool SPLIT>
 __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
-    extern __shared__ __align__(16) float sm[];   /* mm's tiles; then grp_gate's prefix sums */
+    extern __shared__ __align__(16) float sm[];   /* mm's tiles; then gate_store's prefix sums */
     __shared__ float red[32], row[CC];
     double(*pre)[CC + 1] = reinterpret_cast<double(*)[CC + 1]>(sm);
     const Item it = item_of(p, G);
@@ -362,7 +307,7 @@ __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     BP(22);
     mm<SPLIT>(CC, K, CC, 1.f, W(o.dA, CC, 1), W(o.Kc, K, 0), w + o.dKc, K, 1, UPPER_A, sm);
     BP(23);
-    grp_gate(p, G, it, row, pre);
+    gate_store(p, it.slot, it.j, it.row0, it.c, it.rec, w + o.Rg, CC, w + o.dgc, w + o.dbeta, row, pre);
     BP(24);
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0, "group item: load | U: Xr, U | dKd, dU, dU | last | dP, Xq | dp | dQc, dKc, dWk, dTm, dTm | mid | dBk, dBv, tmp, dA, KK | beta | dKc, dKc | gate", 25, 1);
 }
@@ -424,7 +369,7 @@ __global__ void dparam_kernel(BwdArgs p) {
     if (p.ddt_bias) p.ddt_bias[j] = (float)sb;
 }
 
-/* grp_kernel's dynamic shared memory: mm's tiles or grp_gate's prefix sums */
+/* grp_kernel's dynamic shared memory: mm's tiles or gate_store's prefix sums */
 int grp_smem(int K, int V) {
     int nmax = K > V ? K : V;
     if (nmax < CC) nmax = CC;
@@ -441,6 +386,10 @@ template <bool SPLIT> void GrpPass<SPLIT>::launch(const BwdArgs &p, const Grp &G
     grp_qk_kernel<<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
 }
 template struct GrpPass<true>;
+
+void grp_qk_launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
+    grp_qk_kernel<<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
+}
 
 void dparam_launch(const BwdArgs &p, cudaStream_t st) { dparam_kernel<<<(p.HV + 127) / 128, 128, 0, st>>>(p); }
 

@@ -8,9 +8,20 @@ namespace gdn {
 namespace cbwd {
 namespace {
 
-/* the 64 x 64 matrix at src (row stride 64) into dst with row stride ld */
-__device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src) {
-    batched<16>(CC * CC, [&](int e) { return src[e]; }, [&](int e, float v) { dst[(e >> 6) * ld + (e & 63)] = v; });
+/* the block's columns v0..v0+VT-1 of S (stride R8) into the K x V state st:
+ * 16-byte stores where V % 4 == 0 */
+__device__ __forceinline__ void store_state(float *st, const float *S, int K, int V, int v0) {
+    if ((V & 3) == 0) {
+        for (int e = threadIdx.x; e < K * (VT / 4); e += NT) {
+            const int i = e / (VT / 4), q = e % (VT / 4), v = v0 + 4 * q;
+            if (v < V) *reinterpret_cast<float4 *>(st + (int64_t)i * V + v) = *reinterpret_cast<const float4 *>(S + i * R8 + 4 * q);
+        }
+    } else {
+        for (int e = threadIdx.x; e < K * VT; e += NT) {
+            const int i = e / VT, v = v0 + e % VT;
+            if (v < V) st[(int64_t)i * V + v] = S[i * R8 + e % VT];
+        }
+    }
 }
 
 /* state (n, j) of h0 / dht / dh0, element (i, v) of the k-first view */
@@ -23,7 +34,7 @@ __device__ __forceinline__ int64_t state_at(const BwdArgs &p, int64_t n, int j, 
  * gdn_chunk_u, gdn_chunk_state_step):
  *   states[slot] = S;  X = Bv - Bk S;  U = Tm X;  S = exp(gc_last) S + Kd^T U ---- */
 template <bool SPLIT>
-__global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
+__global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
     const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
@@ -39,6 +50,32 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    /* the next chunk's k, v rows, Tm and scalars in registers while this one
+     * computes (bf16 / f16, K <= 128, aligned, whole column blocks) */
+    const float *rk = (p.flags & GDN_QK_L2NORM) ? p.rstd_k : nullptr;
+    const bool pf = p.dt != 0 && K <= 128 && v0 + VT <= V && rows16_ok(p.k, p.dt, K, 0, K) && rows16_ok(p.v, p.dt, V, v0, VT);
+    Rows16<4> fk;
+    Rows16<2> fv;
+    Mat64 ft;
+    double fgcd = 0;
+    float fgam = 0.f, fbet = 0.f;
+    const auto fetch = [&](int64_t ci) {
+        const int64_t slot = sb + ci, row0 = bos + ci * CC;
+        const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
+        const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, rk, 0);
+        fv.issue(p.v, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
+        ft.issue(rec + R_TM);
+        if (tid < CC) {
+            fgcd = reinterpret_cast<const double *>(rec + R_GCD)[tid];
+            fgam = rec[R_GAM + tid];
+            fbet = rec[R_BETA + tid];
+        }
+    };
+    if (pf) {
+        for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
+        if (nch > 0) fetch(0);
+    }
     BP_DECL;
     for (int64_t ci = 0; ci < nch; ci++) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
@@ -46,18 +83,24 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
         __syncthreads();   /* S complete; the previous chunk's Ks, Tm, X, U no longer read */
         float *st = p.states + (slot * p.HV + j) * (int64_t)K * V;
-        for (int e = tid; e < K * VT; e += NT) {
-            const int i = e / VT, v = v0 + e % VT;
-            if (v < V) st[(int64_t)i * V + v] = S[i * R8 + e % VT];
-        }
+        store_state(st, S, K, V, v0);
         BP(0);
-        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
-        load_rows_v(p, p.v, row0, c, j, v0, VT, X, R8);
-        load_64x64(Tm, R4, rec + R_TM);
-        if (tid < CC) {
-            gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-            gam[tid] = rec[R_GAM + tid];
-            bet[tid] = rec[R_BETA + tid];
+        if (pf) {
+            fk.commit(Ks, lk, p.dt, c, K, 0);
+            fv.commit(X, R8, p.dt, c, VT, 0);
+            ft.commit(Tm, R4);
+            if (tid < CC) { gcd[tid] = fgcd; gam[tid] = fgam; bet[tid] = fbet; }
+            for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
+            if (ci + 1 < nch) fetch(ci + 1);
+        } else {
+            load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+            load_rows_v(p, p.v, row0, c, j, v0, VT, X, R8);
+            load_64x64(Tm, R4, rec + R_TM);
+            if (tid < CC) {
+                gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
+                gam[tid] = rec[R_GAM + tid];
+                bet[tid] = rec[R_BETA + tid];
+            }
         }
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_s) */
@@ -92,7 +135,7 @@ __global__ void __launch_bounds__(NT) fwd_sweep_kernel(BwdArgs p) {
  *   dS = exp(gc_last) dS - Bk^T Y + (scale diag(exp gc) Q)^T dO
  * (Bk^T Y = Wk^T dU, Wk = Tm Bk). dh0 = dS after the first chunk. ---- */
 template <bool SPLIT>
-__global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
+__global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
     const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
@@ -109,24 +152,62 @@ __global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    /* the next chunk's k, dO rows, P, Tm and scalars in registers while this
+     * one computes, and this chunk's q rows from its start (bf16 / f16,
+     * K <= 128, aligned, whole column blocks) */
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const bool pf = p.dt != 0 && K <= 128 && v0 + VT <= V && rows16_ok(p.k, p.dt, K, 0, K) && rows16_ok(p.q, p.dt, K, 0, K) &&
+                    rows16_ok(p.dout, p.dt, V, v0, VT);
+    Rows16<4> fk, fq;
+    Rows16<2> fo;
+    Mat64 fp, ft;
+    double fgcd = 0;
+    float fgam = 0.f, fbet = 0.f;
+    const auto fetch = [&](int64_t ci) {
+        const int64_t slot = sb + ci, row0 = bos + ci * CC;
+        const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
+        const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, l2 ? p.rstd_k : nullptr, 0);
+        fo.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
+        fp.issue(rec + R_P);
+        ft.issue(rec + R_TM);
+        if (tid < CC) {
+            fgcd = reinterpret_cast<const double *>(rec + R_GCD)[tid];
+            fgam = rec[R_GAM + tid];
+            fbet = rec[R_BETA + tid];
+        }
+    };
+    if (pf) {
+        for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
+        if (nch > 0) fetch(nch - 1);
+    }
     for (int64_t ci = nch - 1; ci >= 0; ci--) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
         __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */
         float *st = p.dstates + (slot * p.HV + j) * (int64_t)K * V;
-        for (int e = tid; e < K * VT; e += NT) {
-            const int i = e / VT, v = v0 + e % VT;
-            if (v < V) st[(int64_t)i * V + v] = dS[i * R8 + e % VT];
-        }
-        load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
-        load_64x64(P, R8, rec + R_P);
-        load_64x64(Tm, R8, rec + R_TM);
-        load_rows_v(p, p.dout, row0, c, j, v0, VT, dO, R8);
-        if (tid < CC) {
-            gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-            gam[tid] = rec[R_GAM + tid];
-            bet[tid] = rec[R_BETA + tid];
+        store_state(st, dS, K, V, v0);
+        if (pf) {
+            fk.commit(Ks, lk, p.dt, c, K, 0);
+            fo.commit(dO, R8, p.dt, c, VT, 0);
+            fp.commit(P, R8);
+            ft.commit(Tm, R8);
+            if (tid < CC) { gcd[tid] = fgcd; gam[tid] = fgam; bet[tid] = fbet; }
+            for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
+            for (int e = tid; e < (CC - c) * R8; e += NT) dO[c * R8 + e] = 0.f;
+            fq.issue(p.q, p.dt, row0, c, p.H, h, K, 0, K, l2 ? p.rstd_q : nullptr, 0);
+            if (ci > 0) fetch(ci - 1);
+        } else {
+            load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+            load_64x64(P, R8, rec + R_P);
+            load_64x64(Tm, R8, rec + R_TM);
+            load_rows_v(p, p.dout, row0, c, j, v0, VT, dO, R8);
+            if (tid < CC) {
+                gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
+                gam[tid] = rec[R_GAM + tid];
+                bet[tid] = rec[R_BETA + tid];
+            }
         }
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;
@@ -148,8 +229,9 @@ __global__ void __launch_bounds__(NT) bwd_sweep_kernel(BwdArgs p) {
         gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (bet[t] * gam[t]) * Ks[t * lk + i]; },
                              [&](int t, int v) { return Y[t * R8 + v]; },
                              [&](int i, int v, float acc) { dS[i * R8 + v] = gl * dS[i * R8 + v] - acc; });
-        __syncthreads();   /* Ks free: q rows in its place */
-        load_qk(p, p.q, p.rstd_q, row0, c, h, Ks, lk);
+        __syncthreads();   /* Ks free: q rows in its place (rows past c stay zero) */
+        if (pf) fq.commit(Ks, lk, p.dt, c, K, 0);
+        else load_qk(p, p.q, p.rstd_q, row0, c, h, Ks, lk);
         __syncthreads();
         /* dS += (scale exp(gc_t) q_t)^T dO */
         gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (p.scale * gam[t]) * Ks[t * lk + i]; },

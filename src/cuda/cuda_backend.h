@@ -11,7 +11,8 @@ int gdn_cuda_device_count(void);
  * cudaStream_t; NULL = the default stream) belongs to a device other than
  * the current one, where the kernels would run; GDN_OK otherwise, also where
  * the runtime cannot tell (no cudaStreamGetDevice before CUDA 12.8, or the
- * query fails: the launch then reports). Host only, no sync: capture-safe. */
+ * query fails: the launch then reports), and not for a stream under capture
+ * (the query would end the capture). Host only, no sync: capture-safe. */
 gdn_status gdn_cuda_check_stream(void *stream);
 /* returns GDN_OK or GDN_ERR_BACKEND (launch failure, message set) */
 gdn_status gdn_cuda_decode_step(const gdn_decode_config *cfg, const gdn_decode_args *a, void *stream);

@@ -111,13 +111,15 @@ int main(int argc, char **argv) {
     dc->conv_W = 0;
     gdn_conv1d_config *cc = &full.conv;
     cc->B = c->B; cc->T = c->T; cc->D = gdn_decode_dim(dc); cc->W = CONV_W;
-    cc->cu_seqlens = c->cu_seqlens; cc->num_seqs = c->num_seqs; cc->dtype = o.dtype; cc->silu = 1;
+    cc->cu_seqlens = c->cu_seqlens; cc->cu_seqlens_dev = c->cu_seqlens_dev; cc->num_seqs = c->num_seqs;
+    cc->dtype = o.dtype; cc->silu = 1;
     gdn_rmsnorm_config *nc = &full.norm;
     nc->rows = c->B * c->T * c->HV; nc->V = o.V; nc->dtype = o.dtype; nc->eps = NORM_EPS; nc->gate = GDN_NORM_GATE_SILU;
     slice.dec = full.dec;
     slice.dec.B = o.decode_B < DECODE_CHECK_ROWS ? o.decode_B : DECODE_CHECK_ROWS;
     slice.conv = full.conv;
     slice.conv.B = cs->B; slice.conv.T = cs->T; slice.conv.cu_seqlens = cs->cu_seqlens;
+    slice.conv.cu_seqlens_dev = cs->cu_seqlens_dev;
     slice.norm = full.norm;
     slice.norm.rows = cs->B * cs->T * cs->HV;
 
