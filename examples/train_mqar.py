@@ -113,7 +113,9 @@ def lr_factor(step, warmup, steps):
 
 
 def train(args, kernel):
-    """Returns (losses, accuracies, tokens/s, model): one loss and accuracy per step."""
+    """Returns (losses, accuracies, tokens/s, model): one loss and accuracy per step. tokens/s
+    leaves out the first tenth of the steps (at most 10): JIT compilation and autotuning
+    (FLA's Triton kernels, the first calls of anything) are not the steady rate."""
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     model = build_model(args, kernel)
@@ -127,7 +129,12 @@ def train(args, kernel):
         torch.cuda.reset_peak_memory_stats()
     bar = tqdm(range(args.steps), desc=kernel, leave=False) if tqdm and not args.quiet else range(args.steps)
     t0, tokens = time.perf_counter(), 0
+    skip = min(10, args.steps // 10)   # steps before the rate is measured
     for step in bar:
+        if step == skip and step > 0:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0, tokens = time.perf_counter(), 0
         x, y = mqar_batch(gen, args.batch, args.seq_len, args.pairs, args.keys, args.values, dev)
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
             logits = model(x)
@@ -148,6 +155,8 @@ def train(args, kernel):
         elif not args.quiet and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"{kernel} step {step + 1}/{args.steps}: loss {loss.item():.3f} acc {acc:.2f} "
                   f"{tokens / (time.perf_counter() - t0):.0f} tokens/s", flush=True)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     tps = tokens / (time.perf_counter() - t0)
     model.peak_mib = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else float("nan")
     return losses, accs, tps, model

@@ -86,14 +86,43 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * qk) * Ef(gcd, t, s) : 0.f;
     });
     __syncthreads();
-    /* Tm_t = e_t - sum_{s<t} A_ts Tm_s, row by row; thread `col` owns column col */
-    for (int t = 0; t < CC; t++) {
-        if (tid < CC) {
-            float acc = 0.f;
-            for (int s = 0; s < t; s++) acc -= As[t * RS + s] * Ts[s * RS + tid];
-            Ts[t * RS + tid] = tid == t ? 1.f : (tid > t ? 0.f : acc);
-        }
+    /* Tm = (I + A)^-1 by 16 x 16 blocks (a row-by-row substitution over all 64
+     * rows waits on a barrier per row): the diagonal blocks T_bb by
+     * substitution, all four at once; then T_ab = -T_aa sum_{b<=e<a} A_ae T_eb
+     * for a - b = 1, 2, 3 (each level needs only lower ones), the sums M
+     * through Qs (free once P is stored); the blocks above the diagonal 0 */
+    {
+        const int b = tid >> 6, col = tid & 15, rsub = (tid >> 4) & 3;   /* diagonal block, its column */
+        for (int e = tid; e < CC * CC; e += NT) Ts[(e >> 6) * RS + (e & 63)] = 0.f;
         __syncthreads();
+        for (int r = 0; r < 16; r++) {   /* T_bb row r = e_r - sum_{s<r} A_bb[r][s] T_bb[s] (threads of rsub 0) */
+            if (rsub == 0) {
+                const int o = 16 * b;
+                float acc = r == col ? 1.f : 0.f;
+                for (int s2 = 0; s2 < r; s2++) acc -= As[(o + r) * RS + o + s2] * Ts[(o + s2) * RS + o + col];
+                Ts[(o + r) * RS + o + col] = acc;
+            }
+            __syncthreads();
+        }
+        float *M = Qs;   /* [3][16][16] */
+        for (int d = 1; d < 4; d++) {
+            const int nb = 4 - d;   /* blocks (a, b) = (b + d, b), b < nb */
+            for (int e = tid; e < nb * 256; e += NT) {
+                const int bb = e >> 8, i = (e >> 4) & 15, jj = e & 15, a = bb + d;
+                float acc = 0.f;
+                for (int ee = bb; ee < a; ee++)
+                    for (int q = 0; q < 16; q++) acc = fmaf(As[(16 * a + i) * RS + 16 * ee + q], Ts[(16 * ee + q) * RS + 16 * bb + jj], acc);
+                M[e] = acc;
+            }
+            __syncthreads();
+            for (int e = tid; e < nb * 256; e += NT) {
+                const int bb = e >> 8, i = (e >> 4) & 15, jj = e & 15, a = bb + d;
+                float acc = 0.f;
+                for (int q = 0; q < 16; q++) acc = fmaf(Ts[(16 * a + i) * RS + 16 * a + q], M[(bb << 8) + q * 16 + jj], acc);
+                Ts[(16 * a + i) * RS + 16 * bb + jj] = -acc;
+            }
+            __syncthreads();
+        }
     }
     for (int e = tid; e < CC * CC; e += NT) rec[R_TM + e] = Ts[(e / CC) * RS + e % CC];
 }
