@@ -84,7 +84,9 @@ typedef struct gdn_exec {
  * Device. The kernels run on the current device (cudaGetDevice), and every
  * pointer and gdn_exec.stream must belong to it. A stream of another device
  * is refused (GDN_ERR_BACKEND) where the runtime can tell without a sync
- * (cudaStreamGetDevice: a library built with CUDA 12.8 or later).
+ * (cudaStreamGetDevice: a library built with CUDA 12.8 or later), but not
+ * for a stream under graph capture (the query would end the capture): a
+ * captured launch on a wrong device fails when the graph is launched.
  *
  * Alignment. Every pointer must be aligned to its elements: 4 bytes for f32
  * tensors and int32 slots, 2 for bf16 / f16 tensors, 8 for cu_seqlens_dev.
