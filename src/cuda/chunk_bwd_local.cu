@@ -70,7 +70,7 @@ __device__ __forceinline__ void row_dots(const Acc<NR> &acc, const float *X, int
     if (t4 == 0) { out[wr + g] = d0; out[wr + g + 8] = d1; }
 }
 
-/* dst = f(row) * dst (+ f(row) * src where ADD): row-wise scaling of the warp's tiles */
+/* row-wise on the warp's tiles: row_scale dst = f(row) dst; row_axpy dst += f(row) src */
 template <int NR, typename F>
 __device__ __forceinline__ void row_scale(Acc<NR> &dst, int wr, const F &f) {
     const int g = (threadIdx.x & 31) >> 2;
@@ -105,6 +105,7 @@ __device__ __forceinline__ void store_ck(const Acc<NR> &acc, int wr, int kc0, in
     for (int r = 0; r < NR; r++) gdn::warp_store(acc[r], wr, kc0 + 32 * r, 4, CC, K, epi);
 }
 
+constexpr int FROM_ROW = -1;   /* panel_mm's k0: from the tile's first row (upper operand); k1: to its last (lower) */
 /* one 16 x 16 tile of a c x VP panel product per warp: epi(t, v, A B) */
 template <bool SPLIT, typename FA, typename FB, typename FE>
 __device__ __forceinline__ void panel_mm(int k0, int k1, const FA &a, const FB &b, const FE &epi) {
@@ -113,7 +114,6 @@ __device__ __forceinline__ void panel_mm(int k0, int k1, const FA &a, const FB &
     gdn::warp_mma<SPLIT>(acc, a, b, i0, n0, 2, k0 < 0 ? i0 : k0, k1 < 0 ? i0 + 16 : k1);
     gdn::warp_store(acc, i0, n0, 2, CC, VP, epi);
 }
-constexpr int FROM_ROW = -1;   /* panel_mm's k0: from the tile's first row (upper operand); k1: to its last (lower) */
 
 /* rows [0, KH) x columns [v0, v0 + VP) of a K x V fp32 state into dst
  * (stride LP), zero past K and V: 16-byte loads where V % 4 == 0, all of a
