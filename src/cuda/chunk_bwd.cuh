@@ -262,6 +262,23 @@ struct Mat64 {
         }
     }
 };
+/* each token's gate cumsum (double), exp(gc) and beta from a record, thread
+ * t < CC holding token t; issue and commit apart, as Rows16 */
+struct RecTok {
+    double gcd = 0;
+    float gam = 0.f, bet = 0.f;
+    __device__ __forceinline__ void issue(const float *rec) {
+        if (threadIdx.x < CC) {
+            gcd = reinterpret_cast<const double *>(rec + R_GCD)[threadIdx.x];
+            gam = rec[R_GAM + threadIdx.x];
+            bet = rec[R_BETA + threadIdx.x];
+        }
+    }
+    __device__ __forceinline__ void commit(double *g, float *ga, float *b) const {
+        if (threadIdx.x < CC) { g[threadIdx.x] = gcd; ga[threadIdx.x] = gam; b[threadIdx.x] = bet; }
+    }
+};
+
 __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src) {
     Mat64 m;
     m.issue(src);

@@ -165,13 +165,12 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
     load_64x64(Tm, R4, rec + R_TM);
     load_64x64(P, R4, rec + R_P);
-    if (tid < CC) {
-        gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-        gam[tid] = rec[R_GAM + tid];
-        bet[tid] = rec[R_BETA + tid];
-        dgc[tid] = 0.f;
-        dbt[tid] = 0.f;
+    {
+        RecTok r;
+        r.issue(rec);
+        r.commit(gcd, gam, bet);
     }
+    if (tid < CC) { dgc[tid] = 0.f; dbt[tid] = 0.f; }
     __syncthreads();
     if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_t) */
 

@@ -57,8 +57,7 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
     Rows16<4> fk;
     Rows16<2> fv;
     Mat64 ft;
-    double fgcd = 0;
-    float fgam = 0.f, fbet = 0.f;
+    RecTok fs;
     const auto fetch = [&](int64_t ci) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
@@ -66,11 +65,7 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
         fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, rk, 0);
         fv.issue(p.v, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
         ft.issue(rec + R_TM);
-        if (tid < CC) {
-            fgcd = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-            fgam = rec[R_GAM + tid];
-            fbet = rec[R_BETA + tid];
-        }
+        fs.issue(rec);
     };
     if (pf) {
         for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
@@ -89,18 +84,16 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
             fk.commit(Ks, lk, p.dt, c, K, 0);
             fv.commit(X, R8, p.dt, c, VT, 0);
             ft.commit(Tm, R4);
-            if (tid < CC) { gcd[tid] = fgcd; gam[tid] = fgam; bet[tid] = fbet; }
+            fs.commit(gcd, gam, bet);
             for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
             if (ci + 1 < nch) fetch(ci + 1);
         } else {
             load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
             load_rows_v(p, p.v, row0, c, j, v0, VT, X, R8);
             load_64x64(Tm, R4, rec + R_TM);
-            if (tid < CC) {
-                gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-                gam[tid] = rec[R_GAM + tid];
-                bet[tid] = rec[R_BETA + tid];
-            }
+            RecTok r;
+            r.issue(rec);
+            r.commit(gcd, gam, bet);
         }
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_s) */
@@ -161,8 +154,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     Rows16<4> fk, fq;
     Rows16<2> fo;
     Mat64 fp, ft;
-    double fgcd = 0;
-    float fgam = 0.f, fbet = 0.f;
+    RecTok fs;
     const auto fetch = [&](int64_t ci) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
@@ -171,11 +163,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         fo.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
         fp.issue(rec + R_P);
         ft.issue(rec + R_TM);
-        if (tid < CC) {
-            fgcd = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-            fgam = rec[R_GAM + tid];
-            fbet = rec[R_BETA + tid];
-        }
+        fs.issue(rec);
     };
     if (pf) {
         for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
@@ -193,7 +181,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             fo.commit(dO, R8, p.dt, c, VT, 0);
             fp.commit(P, R8);
             ft.commit(Tm, R8);
-            if (tid < CC) { gcd[tid] = fgcd; gam[tid] = fgam; bet[tid] = fbet; }
+            fs.commit(gcd, gam, bet);
             for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
             for (int e = tid; e < (CC - c) * R8; e += NT) dO[c * R8 + e] = 0.f;
             fq.issue(p.q, p.dt, row0, c, p.H, h, K, 0, K, l2 ? p.rstd_q : nullptr, 0);
@@ -203,11 +191,9 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             load_64x64(P, R8, rec + R_P);
             load_64x64(Tm, R8, rec + R_TM);
             load_rows_v(p, p.dout, row0, c, j, v0, VT, dO, R8);
-            if (tid < CC) {
-                gcd[tid] = reinterpret_cast<const double *>(rec + R_GCD)[tid];
-                gam[tid] = rec[R_GAM + tid];
-                bet[tid] = rec[R_BETA + tid];
-            }
+            RecTok r;
+            r.issue(rec);
+            r.commit(gcd, gam, bet);
         }
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;
