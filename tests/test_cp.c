@@ -9,13 +9,19 @@
  * sequence edges, h0 / ht / dht, GVA, every dtype and state layout, segment
  * cuts of a rank's span (seq_split). Every output, map and workspace is
  * poisoned with NaN first; the whole flow runs with 1 and 2 threads and
- * must give the same bits. Then the bad-input contract of the new calls. */
+ * must give the same bits. With a CUDA device, every map and scan call of
+ * the flow also runs on the CUDA backend (device copies of the same
+ * arguments, NaN-poisoned outputs and workspace) and must match the CPU's
+ * result (forward maps within the forward bound, backward maps within the
+ * gradient bound, scans of the same maps to fp32 rounding). Then the
+ * bad-input contract of the new calls. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ref/ref.h"
 #include "test_util.h"
+#include "test_cuda_util.h"
 
 enum { MAXR = 4, MAXS = 16 };
 
@@ -77,6 +83,50 @@ static tens tens_new(gdn_dtype t, size_t n) { tens x = {t_alloc(n * t_dsize(t)),
 static void tens_free(tens *x) { free(x->p); free(x->d); }
 
 static long n_cases;
+
+/* ---- the CUDA twin of each map and scan call (a device present) ---- */
+typedef struct twin {
+    int on;
+#ifdef GDN_HAVE_CUDA
+    gdn_exec ex;
+    void *q, *k, *v, *g, *beta, *dout;   /* device copies of the global tensors */
+    float *A_log, *dt_bias;
+    int64_t *cu[MAXR];                   /* each rank's cu_seqlens on the device */
+#endif
+} twin;
+
+#ifdef GDN_HAVE_CUDA
+/* per value head, |got - ref| / (|ref| + 1e-6 sqrt(n)) over P and over S of
+ * the maps (or over the [HV][K*V] states where K2 = 0); the worst */
+static double map_err(const float *got, const float *ref, int HV, size_t K2, size_t KV) {
+    double worst = 0;
+    for (int j = 0; j < HV; j++)
+        for (int part = 0; part < 2; part++) {
+            const size_t n = part ? KV : K2, o = (size_t)j * (K2 + KV) + (part ? K2 : 0);
+            if (!n) continue;
+            double num = 0, den = 0;
+            for (size_t x = 0; x < n; x++) {
+                const double d = (double)got[o + x] - ref[o + x];
+                num += d * d;
+                den += (double)ref[o + x] * ref[o + x];
+            }
+            const double e = sqrt(num) / (sqrt(den) + 1e-6 * sqrt((double)n));
+            if (!(e <= worst)) worst = e;   /* NaN wins */
+        }
+    return worst;
+}
+
+/* the device result (n floats at d) against the CPU's */
+static void twin_close(const char *ctx, const char *what, int r, const float *d, const float *cpu, int HV, size_t K2, size_t KV,
+                       double bound) {
+    const size_t n = (size_t)HV * (K2 + KV);
+    float *h = t_alloc(n * 4);
+    dget(h, d, n * 4);
+    const double e = map_err(h, cpu, HV, K2, KV);
+    check(e <= bound, ctx, "rank %d %s: CUDA vs CPU rel error %.3e (bound %.0e)", r, what, e, bound);
+    free(h);
+}
+#endif
 
 static void run_case(const cpcase *tc) {
     const long idx = n_cases++;
@@ -148,6 +198,20 @@ static void run_case(const cpcase *tc) {
         h0[i] = (float)rng_normal(&rg); h0d[i] = h0[i];
         dht[i] = (float)rng_normal(&rg); dhtd[i] = dht[i];
     }
+
+    /* the device copies for the CUDA twins */
+    twin tw;
+    memset(&tw, 0, sizeof tw);
+#ifdef GDN_HAVE_CUDA
+    tw.on = gdn_backend_available(GDN_BACKEND_CUDA);
+    if (tw.on) {
+        const gdn_exec exd = {GDN_BACKEND_CUDA, NULL, 0, tc->split};
+        tw.ex = exd;
+        tw.q = dput(q.p, nqk * dsz); tw.k = dput(k.p, nqk * dsz); tw.v = dput(v.p, nv * dsz); tw.dout = dput(dout.p, nv * dsz);
+        tw.g = dput(g.p, ng * gsz); tw.beta = dput(beta.p, ng * gsz);
+        tw.A_log = dput(A_log, sizeof A_log); tw.dt_bias = dput(dt_bias, sizeof dt_bias);
+    }
+#endif
 
     /* ---- the float64 reference ---- */
     gdn_ref_inputs in = {q.d, k.d, v.d, has_g ? g.d : NULL, beta.d, fused ? A_logd : NULL, fused ? dt_biasd : NULL,
@@ -249,6 +313,16 @@ static void run_case(const cpcase *tc) {
                     if (tc->dht && !(i == rv[r].N - 1 && rv[r].last)) memcpy(ldht[r] + i * sst, dht + (rv[r].n0 + i) * sst, sst * 4);
             }
         }
+#ifdef GDN_HAVE_CUDA
+        gdn_config lcd[MAXR];   /* the CUDA twins' configs: cu_seqlens_dev */
+        const int twin_on = tw.on && run == 0;
+        for (int r = 0; r < R && twin_on; r++) {
+            lcd[r] = lc[r];
+            tw.cu[r] = tc->nseq ? dput(rv[r].cu, (size_t)(rv[r].N + 1) * sizeof(int64_t)) : NULL;
+            lcd[r].cu_seqlens_dev = tw.cu[r];
+        }
+        void *wb_, *ob_;
+#endif
         /* forward, step 1: every rank's map */
         for (int r = 0; r < R && ok_all; r++) {
             const int64_t s = rv[r].s;
@@ -261,6 +335,19 @@ static void run_case(const cpcase *tc) {
             st = gdn_cp_fwd_map(&ex, &lc[r], &cp[r], &a, maps + r * mfl);
             ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_cp_fwd_map: %s (%s)", r, gdn_status_string(st), gdn_last_error());
             free(ws);
+#ifdef GDN_HAVE_CUDA
+            if (twin_on && st == GDN_OK) {
+                const size_t wsd = gdn_cp_fwd_map_workspace_size(&tw.ex, &lcd[r], &cp[r]);
+                void *wsp = dnan_at(GDN_F32, wsd / 4 + 1, 0, &wb_);
+                float *md = dnan_at(GDN_F32, mfl, 0, &ob_), *h0d = lh0[r] ? dput(lh0[r], rv[r].N * sst * 4) : NULL;
+                gdn_fwd_args ad = {OFF(tw.q, s, H * K, dsz), OFF(tw.k, s, H * K, dsz), OFF(tw.v, s, HV * V, dsz),
+                                   has_g ? OFF(tw.g, s, HV, gsz) : NULL, OFF(tw.beta, s, HV, gsz), fused ? tw.A_log : NULL,
+                                   fused ? tw.dt_bias : NULL, h0d, NULL, NULL, NULL, 0, wsp, wsd};
+                if (ran(ctx, gdn_cp_fwd_map(&tw.ex, &lcd[r], &cp[r], &ad, md)))
+                    twin_close(ctx, "forward map", r, md, maps + r * mfl, HV, (size_t)K * K, (size_t)K * V, bound_fwd(dt));
+                cudaFree(wb_); cudaFree(ob_); cudaFree(h0d);
+            }
+#endif
         }
         memcpy(fmaps_keep, maps, R * mfl * 4);
         /* steps 2-4: (the gather is the maps array) scan, finish */
@@ -272,6 +359,14 @@ static void run_case(const cpcase *tc) {
             float *dst = rv[r].first && (idx + r) % 2 ? lh0[r] : Sin;
             st = gdn_cp_fwd_scan(&ex, &lc[r], &cp[r], maps, dst);
             ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_cp_fwd_scan: %s (%s)", r, gdn_status_string(st), gdn_last_error());
+#ifdef GDN_HAVE_CUDA
+            if (twin_on && st == GDN_OK) {
+                float *mapsd = dput(maps, R * mfl * 4), *od = dnan_at(GDN_F32, sst, 0, &ob_);
+                if (ran(ctx, gdn_cp_fwd_scan(&tw.ex, &lcd[r], &cp[r], mapsd, od)))
+                    twin_close(ctx, "forward scan (S_in)", r, od, dst, HV, 0, (size_t)K * V, 1e-5);
+                cudaFree(mapsd); cudaFree(ob_);
+            }
+#endif
             if (rv[r].first && dst == Sin) memcpy(lh0[r], Sin, sst * 4);
             if (r == 0) {
                 int zero = 1;
@@ -325,6 +420,26 @@ static void run_case(const cpcase *tc) {
             st = gdn_cp_bwd_map(&ex, &lc[r], &cp[r], &b, (idx + r) % 2 ? fmaps_keep + r * mfl : NULL, bmaps + r * mfl);
             ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_cp_bwd_map: %s (%s)", r, gdn_status_string(st), gdn_last_error());
             free(ws);
+#ifdef GDN_HAVE_CUDA
+            if (twin_on && st == GDN_OK) {
+                const size_t wsd = gdn_cp_bwd_map_workspace_size(&tw.ex, &lcd[r], &cp[r]);
+                void *wsp = dnan_at(GDN_F32, wsd / 4 + 1, 0, &wb_);
+                float *bmd = dnan_at(GDN_F32, mfl, 0, &ob_);
+                void *svd = b.saved ? dput(b.saved, svb) : NULL;
+                float *dhtd = ldht[r] ? dput(ldht[r], rv[r].N * sst * 4) : NULL;
+                float *fmd = (idx + r) % 2 ? dput(fmaps_keep + r * mfl, mfl * 4) : NULL;
+                gdn_bwd_args bd = b;
+                bd.q = OFF(tw.q, s, H * K, dsz); bd.k = OFF(tw.k, s, H * K, dsz); bd.v = OFF(tw.v, s, HV * V, dsz);
+                bd.g = has_g ? OFF(tw.g, s, HV, gsz) : NULL; bd.beta = OFF(tw.beta, s, HV, gsz);
+                bd.A_log = fused ? tw.A_log : NULL; bd.dt_bias = fused ? tw.dt_bias : NULL;
+                bd.saved = svd; bd.dout = OFF(tw.dout, s, HV * V, dsz); bd.dht = dhtd;
+                bd.workspace = wsp; bd.workspace_bytes = wsd;
+                if (ran(ctx, gdn_cp_bwd_map(&tw.ex, &lcd[r], &cp[r], &bd, fmd, bmd)))
+                    twin_close(ctx, fmd ? "backward map (P given)" : "backward map", r, bmd, bmaps + r * mfl, HV, (size_t)K * K,
+                               (size_t)K * V, bound_grad(dt));
+                cudaFree(wb_); cudaFree(ob_); cudaFree(svd); cudaFree(dhtd); cudaFree(fmd);
+            }
+#endif
         }
         /* steps 6-8 */
         for (int r = 0; r < R && ok_all; r++) {
@@ -333,6 +448,14 @@ static void run_case(const cpcase *tc) {
             t_poison_nan(GDN_F32, dSo, sst);
             st = gdn_cp_bwd_scan(&ex, &lc[r], &cp[r], bmaps, dSo);
             ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_cp_bwd_scan: %s (%s)", r, gdn_status_string(st), gdn_last_error());
+#ifdef GDN_HAVE_CUDA
+            if (twin_on && st == GDN_OK) {
+                float *mapsd = dput(bmaps, R * mfl * 4), *od = dnan_at(GDN_F32, sst, 0, &ob_);
+                if (ran(ctx, gdn_cp_bwd_scan(&tw.ex, &lcd[r], &cp[r], mapsd, od)))
+                    twin_close(ctx, "backward scan (dS_out)", r, od, dSo, HV, 0, (size_t)K * V, 1e-5);
+                cudaFree(mapsd); cudaFree(ob_);
+            }
+#endif
             if (rv[r].last)
                 for (size_t x = 0; x < sst; x++) ldht[r][(rv[r].N - 1) * sst + x] += dSo[x];
             const size_t svb = gdn_chunk_saved_size(&lc[r]), wsb = gdn_chunk_bwd_workspace_size(&ex, &lc[r]);
@@ -371,6 +494,9 @@ static void run_case(const cpcase *tc) {
                   r, r - 1, e, bound_grad(dt));
         }
         for (int r = 0; r < R; r++) { free(lh0[r]); free(ldht[r]); free(lsaved[r]); }
+#ifdef GDN_HAVE_CUDA
+        for (int r = 0; r < R && twin_on; r++) cudaFree(tw.cu[r]);
+#endif
         free(maps); free(bmaps); free(fmaps_keep);
     }
 
@@ -431,6 +557,12 @@ static void run_case(const cpcase *tc) {
     free(o1); free(saved1); free(ht1); free(dh01);
     for (int i = 0; i < 5; i++) free(g1[i]);
     tens_free(&q); tens_free(&k); tens_free(&v); tens_free(&dout); tens_free(&g); tens_free(&beta);
+#ifdef GDN_HAVE_CUDA
+    if (tw.on) {
+        cudaFree(tw.q); cudaFree(tw.k); cudaFree(tw.v); cudaFree(tw.dout); cudaFree(tw.g); cudaFree(tw.beta);
+        cudaFree(tw.A_log); cudaFree(tw.dt_bias);
+    }
+#endif
     free(h0); free(dht); free(h0d); free(dhtd);
     free(o_ref); free(o_t2); free(ht_ref);
     free(dq_ref); free(dk_ref); free(dv_ref); free(dg_ref); free(db_ref); free(dh0_ref); free(dh0_t2);
@@ -502,7 +634,8 @@ static void bad_input(void) {
                      expect = 1u << GDN_ERR_WORKSPACE; what = "saved_bytes too small"; must = "saved_bytes"; break;
             default: continue;
             }
-            if (m == 10 && gdn_backend_available(GDN_BACKEND_CUDA)) expect = 1u << GDN_ERR_UNSUPPORTED;
+            /* with a device: the host cu_seqlens alone (the CUDA calls want cu_seqlens_dev) */
+            if (m == 10 && gdn_backend_available(GDN_BACKEND_CUDA)) { expect = 1u << GDN_ERR_NULL; must = "cu_seqlens_dev"; }
             for (size_t i = 0; i < big; i++) ((uint32_t *)map)[i] = 0xA5A5A5A5u;
             gdn_status st;
             switch (op) {

@@ -105,7 +105,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     in the kernel (A_log [HV] required, dt_bias [HV] optional). chunk_size (16, 32 or 64) is accepted
     and gdn uses 64: the same math. Returns (o [B, T, HV, V], final_state or None).
     cp_context (gdn.cp.build_cp_context): this rank's slice of a token stream over a process group
-    (context parallel; torch CPU tensors; gdn.cp says what moves between the ranks).
+    (context parallel; torch tensors on the CPU or a CUDA device; gdn.cp says what moves).
     """
     state_v_first = _legacy_kwargs(kwargs, state_v_first, "chunk_gated_delta_rule")
     use_gate_in_kernel = bool(kwargs.pop("use_gate_in_kernel", False))

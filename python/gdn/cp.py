@@ -28,9 +28,9 @@ rank is its state at this rank's last token. Gradients of shared parameters
 (A_log, dt_bias, the conv weight and bias, a layer's weights) are this
 rank's part of the sum: add them over the group (as data parallel does).
 
-Torch tensors on the CPU (gloo, or any backend that moves CPU tensors); on
-CUDA tensors gdn's CUDA backend has no context-parallel kernels yet and the
-call raises gdn.Unsupported.
+Torch tensors on the CPU (gloo, or any backend that moves CPU tensors) or on
+a CUDA device (NCCL: one process per GPU, the maps and the conv halo move as
+CUDA tensors on the current stream).
 """
 import torch
 import torch.distributed as dist
@@ -121,7 +121,10 @@ def build_cp_context(cu_seqlens=None, group=None, local_len=None, lengths=None, 
         if world == 1:
             lengths = [int(local_len)]
         else:
-            mine = torch.tensor([int(local_len)], dtype=torch.int64)
+            # NCCL moves CUDA tensors only
+            dev = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
+                   else torch.device("cpu"))
+            mine = torch.tensor([int(local_len)], dtype=torch.int64, device=dev)
             got = [torch.empty_like(mine) for _ in range(world)]
             dist.all_gather(got, mine, group=group)
             lengths = [int(x.item()) for x in got]
@@ -143,7 +146,7 @@ def build_cp_context(cu_seqlens=None, group=None, local_len=None, lengths=None, 
 
 
 def _all_gather(t, cpc):
-    """[world * n]: t (flat, CPU) of every rank in rank order."""
+    """[world * n]: t (flat, on its device) of every rank in rank order."""
     if cpc.world == 1:
         return t.clone()
     parts = [torch.empty_like(t) for _ in range(cpc.world)]
@@ -157,10 +160,6 @@ def _check_cpc(cpc, x, name):
                                f"{type(cpc).__name__}")
     if not isinstance(x, torch.Tensor):
         raise GdnArgumentError(f"{name}: context parallel takes torch tensors")
-    if x.device.type != "cpu":
-        raise capi.Unsupported("gdn.cp", capi.ERR_UNSUPPORTED,
-                               f"{name} is on {x.device}: context parallel runs on gdn's CPU backend only for now "
-                               "(the CUDA backend answers GDN_ERR_UNSUPPORTED: its kernels are not written yet)")
     if x.ndim < 2 or x.shape[0] != 1:
         raise GdnArgumentError(f"{name}: shape {tuple(x.shape)}: context parallel takes this rank's slice of one "
                                "token stream, [1, T_local, ...] (pack the batch with cu_seqlens)")
@@ -180,7 +179,8 @@ class _RuleCP(torch.autograd.Function):
         mf = capi.cp_map_floats(cfg)
         ws_n = capi.cp_fwd_map_workspace_size(ex, cfg, cpcfg)
         ws = rule.ctx.bytes(ws_n)
-        fmap = torch.empty(mf, dtype=torch.float32)
+        dev = q.device
+        fmap = torch.empty(mf, dtype=torch.float32, device=dev)
         capi.cp_fwd_map(ex, cfg, cpcfg, capi.FwdArgs(q=ptr(rule.q), k=ptr(rule.k), v=ptr(rule.v), g=ptr(rule.g),
                                                      beta=ptr(rule.beta), A_log=ptr(rule.A_log),
                                                      dt_bias=ptr(rule.dt_bias), h0=ptr(rule.h0), workspace=ptr(ws),
@@ -189,7 +189,8 @@ class _RuleCP(torch.autograd.Function):
         # 3. the scan, into h0 row 0 of the sequence that comes in from the previous rank
         h0_loc = rule.h0
         if cpc.first_continues:
-            h0_loc = rule.h0.clone() if rule.h0 is not None else torch.zeros(rule.state_shape, dtype=torch.float32)
+            h0_loc = (rule.h0.clone() if rule.h0 is not None
+                      else torch.zeros(rule.state_shape, dtype=torch.float32, device=dev))
             capi.cp_fwd_scan(ex, cfg, cpcfg, ptr(maps), ptr(h0_loc))
         # 4. the regular forward
         o, ht, saved = _core.chunk_fwd(rule.q, rule.k, rule.v, rule.g, rule.beta, rule.A_log, rule.dt_bias, h0_loc,
@@ -198,7 +199,7 @@ class _RuleCP(torch.autograd.Function):
                               fmap)
         ctx.cpc, ctx.scale, ctx.flags, ctx.want_ht, ctx.has_h0 = cpc, scale, flags, want_ht, h0 is not None
         if ht is None:
-            ht = torch.empty(0, dtype=torch.float32)
+            ht = torch.empty(0, dtype=torch.float32, device=dev)
         return o, ht
 
     @staticmethod
@@ -214,7 +215,8 @@ class _RuleCP(torch.autograd.Function):
         mf = capi.cp_map_floats(cfg)
         ws_n = capi.cp_bwd_map_workspace_size(ex, cfg, cpcfg)
         ws = rule.ctx.bytes(ws_n)
-        bmap = torch.empty(mf, dtype=torch.float32)
+        dev = q.device
+        bmap = torch.empty(mf, dtype=torch.float32, device=dev)
         saved_n = saved.numel()
         capi.cp_bwd_map(ex, cfg, cpcfg, capi.BwdArgs(q=ptr(q), k=ptr(k), v=ptr(v), g=ptr(g), beta=ptr(beta),
                                                      A_log=ptr(A_log), dt_bias=ptr(dt_bias),
@@ -225,9 +227,9 @@ class _RuleCP(torch.autograd.Function):
         # 7. the reverse scan: the state gradient at this rank's end; 8. the regular backward
         dht_loc = dht
         if cpc.last_continues:
-            dS_out = torch.empty(rule.state_shape[1:], dtype=torch.float32)
+            dS_out = torch.empty(rule.state_shape[1:], dtype=torch.float32, device=dev)
             capi.cp_bwd_scan(ex, cfg, cpcfg, ptr(bmaps), ptr(dS_out))
-            dht_loc = dht.clone() if dht is not None else torch.zeros(rule.state_shape, dtype=torch.float32)
+            dht_loc = dht.clone() if dht is not None else torch.zeros(rule.state_shape, dtype=torch.float32, device=dev)
             dht_loc[-1] += dS_out
         want_dh0 = bool(need[7] and ctx.has_h0)
         dq, dk, dv, dg, dbeta, dA, ddt, dh0 = _core.chunk_bwd(
@@ -305,21 +307,21 @@ class _ConvCP(torch.autograd.Function):
         # every rank's last W-1 inputs (float32, front-padded), gathered
         src = _halo_sources(cpc, W)
         if W > 1:
-            tail = torch.zeros(W - 1, D, dtype=torch.float32)
+            tail = torch.zeros(W - 1, D, dtype=torch.float32, device=x.device)
             n = min(W - 1, T)
             if n > 0:
                 tail[W - 1 - n:] = x[0, T - n:].float()
             tails = _all_gather(tail.reshape(-1), cpc).reshape(cpc.world, W - 1, D)
         h0_loc = h0
         if cpc.first_continues:
-            h0_loc = h0.clone() if h0 is not None else torch.zeros(cpc.num_seqs, D, W, dtype=torch.float32)
+            h0_loc = h0.clone() if h0 is not None else torch.zeros(cpc.num_seqs, D, W, dtype=torch.float32, device=x.device)
             h0_loc[0] = 0
             for m, i, row in src:   # state column W-1 is the newest input
                 h0_loc[0, :, W - 1 - m] = tails[i, row]
         y, ht = _core.conv1d_fwd(x, weight, bias, h0_loc, cu, None, silu, want_ht)
         ctx.save_for_backward(x, weight, bias, h0_loc)
         ctx.cpc, ctx.silu, ctx.want_ht, ctx.src, ctx.has_h0 = cpc, silu, want_ht, src, h0 is not None
-        return y, (ht if ht is not None else torch.empty(0, dtype=torch.float32))
+        return y, (ht if ht is not None else torch.empty(0, dtype=torch.float32, device=x.device))
 
     @staticmethod
     def backward(ctx, dy, dht):
@@ -333,7 +335,7 @@ class _ConvCP(torch.autograd.Function):
                                            want_dh0=bool(ctx.has_h0 or cpc.first_continues))
         # the halo's gradient goes back to the ranks that hold those inputs (summed over the group)
         if cpc.world > 1 and W > 1:
-            back = torch.zeros(cpc.world, W - 1, D, dtype=torch.float32)
+            back = torch.zeros(cpc.world, W - 1, D, dtype=torch.float32, device=x.device)
             for m, i, row in ctx.src:
                 back[i, row] += dh0[0, :, W - 1 - m]
             dist.all_reduce(back, group=cpc.group)

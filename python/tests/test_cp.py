@@ -1,4 +1,6 @@
-"""gdn.cp: context parallel over torch.distributed (gloo), 2 and 3 processes.
+"""gdn.cp: context parallel over torch.distributed: gloo on the CPU (2 and 3
+processes), and NCCL with one process per GPU where the machine has 2 or more
+CUDA devices and libgdn its CUDA backend (2 ranks).
 
 Every worker builds the same global inputs from the run's seed, computes the
 one-process result with gdn's regular functions on the whole stream, then
@@ -56,29 +58,31 @@ def _sum_over(t, group=None):
 
 # ---- the scenarios (each runs on every rank of the group) ----
 
-def _rule_case(rank, world, seed, name, lens, lengths, dtype, v_first, fused, h0_on):
+def _rule_case(rank, world, seed, name, lens, lengths, dtype, v_first, fused, h0_on, dev="cpu"):
     """chunk_gated_delta_rule under CP against the one-process call, forward and every gradient."""
     gen = torch.Generator().manual_seed(seed)
     T = sum(lens) if lens else sum(lengths)
     H, HV, K, V = 2, 4, 16, 8
+    randn = lambda *shape: torch.randn(*shape, generator=gen).to(dev)  # noqa: E731
+    rand = lambda *shape: torch.rand(*shape, generator=gen).to(dev)  # noqa: E731
     cu = torch.tensor(_slices(lens)) if lens else None
     N = len(lens) if lens else 1
-    q = torch.randn(1, T, H, K, generator=gen).to(dtype).requires_grad_()
-    k = torch.randn(1, T, H, K, generator=gen).to(dtype).requires_grad_()
-    v = torch.randn(1, T, HV, V, generator=gen).to(dtype).requires_grad_()
+    q = randn(1, T, H, K).to(dtype).requires_grad_()
+    k = randn(1, T, H, K).to(dtype).requires_grad_()
+    v = randn(1, T, HV, V).to(dtype).requires_grad_()
     if fused:
-        g = (torch.randn(1, T, HV, generator=gen) - 4.0).requires_grad_()      # raw a: weak decay
-        A_log = torch.rand(HV, generator=gen).requires_grad_()
-        dt_bias = (0.5 * torch.randn(HV, generator=gen)).requires_grad_()
-        beta = (torch.randn(1, T, HV, generator=gen) - 1.0).requires_grad_()   # raw b
+        g = (randn(1, T, HV) - 4.0).requires_grad_()      # raw a: weak decay
+        A_log = rand(HV).requires_grad_()
+        dt_bias = (0.5 * randn(HV)).requires_grad_()
+        beta = (randn(1, T, HV) - 1.0).requires_grad_()   # raw b
     else:
-        g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 3.0).requires_grad_()
+        g = F.logsigmoid(randn(1, T, HV) + 3.0).requires_grad_()
         A_log = dt_bias = None
-        beta = torch.rand(1, T, HV, generator=gen).requires_grad_()
+        beta = rand(1, T, HV).requires_grad_()
     sshape = (N, HV, V, K) if v_first else (N, HV, K, V)
-    h0 = torch.randn(*sshape, generator=gen).requires_grad_() if h0_on else None
-    w_o = torch.randn(1, T, HV, V, generator=gen)
-    w_ht = torch.randn(*sshape, generator=gen)
+    h0 = randn(*sshape).requires_grad_() if h0_on else None
+    w_o = randn(1, T, HV, V)
+    w_ht = randn(*sshape)
     kw = dict(use_qk_l2norm_in_kernel=True, state_v_first=v_first, output_final_state=True)
     if fused:
         kw.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
@@ -112,15 +116,16 @@ def _rule_case(rank, world, seed, name, lens, lengths, dtype, v_first, fused, h0
             _close(f"{what}: {nm} (summed over the ranks)", _sum_over(gr), rf, bg, rank, SEED)
 
 
-def _conv_case(rank, world, seed, lens, lengths, dtype):
+def _conv_case(rank, world, seed, lens, lengths, dtype, dev="cpu"):
     """causal_conv1d under CP: the halo from earlier ranks (a rank shorter than W-1 among them)."""
     gen = torch.Generator().manual_seed(seed + 1)
+    randn = lambda *shape: torch.randn(*shape, generator=gen).to(dev)  # noqa: E731
     T, D, W = sum(lens), 24, 4
     cu = torch.tensor(_slices(lens))
-    x = torch.randn(1, T, D, generator=gen).to(dtype).requires_grad_()
-    w = (0.5 * torch.randn(D, W, generator=gen)).requires_grad_()
-    b = torch.randn(D, generator=gen).requires_grad_()
-    wy = torch.randn(1, T, D, generator=gen)
+    x = randn(1, T, D).to(dtype).requires_grad_()
+    w = (0.5 * randn(D, W)).requires_grad_()
+    b = randn(D).requires_grad_()
+    wy = randn(1, T, D)
     y, _ = gdn.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu)
     ref = torch.autograd.grad((y.float() * wy).sum(), (x, w, b))
     ctx = cp.build_cp_context(cu, lengths=lengths)
@@ -136,15 +141,15 @@ def _conv_case(rank, world, seed, lens, lengths, dtype):
     _close(f"{what}: dbias (summed)", _sum_over(gb), ref[2], bg, rank, SEED)
 
 
-def _layer_case(rank, world, seed, lens, lengths):
+def _layer_case(rank, world, seed, lens, lengths, dev="cpu"):
     """gdn.GatedDeltaNet under CP: output, input gradient and every weight's gradient."""
     torch.manual_seed(seed + 2)
-    layer = gdn.GatedDeltaNet(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8)
+    layer = gdn.GatedDeltaNet(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8).to(dev)
     gen = torch.Generator().manual_seed(seed + 3)
     T = sum(lens)
     cu = torch.tensor(_slices(lens))
-    x = torch.randn(1, T, 32, generator=gen).requires_grad_()
-    wy = torch.randn(1, T, 32, generator=gen)
+    x = torch.randn(1, T, 32, generator=gen).to(dev).requires_grad_()
+    wy = torch.randn(1, T, 32, generator=gen).to(dev)
     params = list(layer.parameters())
     y = layer(x, cu_seqlens=cu)
     ref = torch.autograd.grad((y * wy).sum(), [x] + params)
@@ -161,8 +166,29 @@ def _layer_case(rank, world, seed, lens, lengths):
         _close(f"{what}: d{nm} (summed)", _sum_over(gp), rp, 1e-4, rank, SEED)
 
 
-def _worker(rank, world, port, seed):
+def _worker(rank, world, port, seed, dev="cpu"):
     torch.set_num_threads(1)
+    if dev == "cuda":   # NCCL, one GPU per rank
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                device_id=dev)
+        try:
+            _rule_case(rank, world, seed, "one sequence, uneven (NCCL)", None, [70, 131], torch.float32, False, True,
+                       True, dev)
+            _rule_case(rank, world, seed + 10, "varlen over a cut, v-first (NCCL)", [40, 150, 0, 37], [100, 127],
+                       torch.float32, True, False, True, dev)
+            _rule_case(rank, world, seed + 20, "varlen, bf16 (NCCL)", [90, 80, 30], [130, 70], torch.bfloat16, False,
+                       True, True, dev)
+            _rule_case(rank, world, seed + 30, "one long sequence, bf16 (NCCL)", None, [1500, 2600], torch.bfloat16,
+                       False, True, True, dev)
+            _conv_case(rank, world, seed, [50, 70, 31], [61, 90], torch.float32, dev)
+            _conv_case(rank, world, seed + 5, [50, 70, 31], [61, 90], torch.bfloat16, dev)
+            _layer_case(rank, world, seed, [60, 90], [83, 67], dev)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        return
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         if world == 2:
@@ -194,9 +220,18 @@ def _free_port():
         return sk.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_cp_matches_one_process(world):
+def _nccl_ready():
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available():
+        return False
+    from gdn import capi
+    return capi.backend_available(capi.BACKEND_CUDA)
+
+
+@pytest.mark.parametrize("world,dev", [(2, "cpu"), (3, "cpu"), (2, "cuda")])
+def test_cp_matches_one_process(world, dev):
     import torch.multiprocessing as mp
+    if dev == "cuda" and not _nccl_ready():
+        pytest.skip("NCCL over 2 GPUs: needs 2 CUDA devices and libgdn's CUDA backend")
     # the children's environment: libgdn on one thread each (a small machine), the run's seed in their messages
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GDN_TEST_SEED": str(SEED)}
     if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -204,7 +239,7 @@ def test_cp_matches_one_process(world):
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        mp.start_processes(_worker, args=(world, _free_port(), SEED % (2 ** 31)), nprocs=world, join=True,
+        mp.start_processes(_worker, args=(world, _free_port(), SEED % (2 ** 31), dev), nprocs=world, join=True,
                            start_method="spawn")
     finally:
         for name, val in saved.items():

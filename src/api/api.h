@@ -37,6 +37,11 @@ gdn_status gdn_check_align(const void *ptr, size_t bytes, const char *name, cons
 #define GDN_ELEM "the kernels access its elements whole"
 
 /* Validate a gated-delta-rule config (and the exec) and resolve it into a plan. */
+/* the CUDA kernels' pointer alignment (gdn.h, "The CUDA backend"): the
+ * forward's (chunked: gdn_chunk_fwd, else gdn_recurrent_fwd) and the
+ * backward's arguments; api/chunk.c, also for the context-parallel calls */
+gdn_status gdn_cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked);
+gdn_status gdn_cuda_align_bwd(const gdn_exec *ex, const gdn_plan *p, const gdn_bwd_args *a);
 gdn_status gdn_make_plan(const gdn_exec *ex, const gdn_config *cfg, gdn_plan *p);
 
 #ifdef __cplusplus

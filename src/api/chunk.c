@@ -58,7 +58,7 @@ size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
 #define ROWS16_O "V is a multiple of 8: the chunk kernels store its rows 16 bytes at a time"
 
 /* the pointers of the forward (chunked: gdn_chunk_fwd, else gdn_recurrent_fwd) */
-static gdn_status cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
+gdn_status gdn_cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
     const gdn_config *c = &p->c;
     const size_t es = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
     /* bf16 / f16 chunk forward: the tensor-core kernels, rows in 16-byte pieces
@@ -83,7 +83,7 @@ static gdn_status cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gd
     return GDN_OK;
 }
 
-static gdn_status cuda_align_bwd(const gdn_exec *ex, const gdn_plan *p, const gdn_bwd_args *a) {
+gdn_status gdn_cuda_align_bwd(const gdn_exec *ex, const gdn_plan *p, const gdn_bwd_args *a) {
     const gdn_config *c = &p->c;
     const size_t es = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
     GDN_ALIGNED(a->q, es, GDN_ELEM);
@@ -132,7 +132,7 @@ static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gd
     }
     CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p->c.cu_seqlens || p->c.cu_seqlens_dev, GDN_ERR_NULL,
           "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
-    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return cuda_align_fwd(ex, p, a, chunked);
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) return gdn_cuda_align_fwd(ex, p, a, chunked);
     return GDN_OK;
 }
 
@@ -196,7 +196,7 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
     CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p.c.cu_seqlens || p.c.cu_seqlens_dev, GDN_ERR_NULL,
           "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
-        if ((s = cuda_align_bwd(ex, &p, a))) return s;
+        if ((s = gdn_cuda_align_bwd(ex, &p, a))) return s;
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_chunk_bwd(&p, a, a->workspace, ex->stream))) return s;
         return gdn_ok();

@@ -1,11 +1,14 @@
 /* The API layer of context parallel (include/gdn.h, DESIGN.md §8): the map
  * size, the workspace sizes, the checks of the gdn_cp_config and of each
  * call's arguments, then the CPU backend. Every check runs before anything
- * is written. The CUDA backend has no context-parallel kernels yet: a valid
- * call there answers GDN_ERR_UNSUPPORTED. */
+ * is written. On the CUDA backend every pointer is device memory (the maps
+ * too) and the calls queue on the exec's stream. */
 #include <string.h>
 #include "api/api.h"
 #include "cpu/cp.h"
+#ifdef GDN_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #define CHECK GDN_CHECK
 #define NEED GDN_NEED
@@ -32,8 +35,27 @@ static gdn_status cp_plan(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
     return GDN_OK;
 }
 
-#define CP_CPU_ONLY(ex, what) GDN_CHECK(gdn_exec_backend(ex) == GDN_BACKEND_CPU, GDN_ERR_UNSUPPORTED, \
-    "%s: context parallel is not on the CUDA backend yet (CPU only; gdn_exec.backend = GDN_BACKEND_CPU)", what)
+static int on_cuda(const gdn_exec *ex) { return gdn_exec_backend(ex) == GDN_BACKEND_CUDA; }
+
+/* the backend's workspace bytes (the plan and cp checked) */
+static size_t backend_ws(const gdn_exec *ex, const gdn_plan *p, const gdn_cp_config *cp, int backward) {
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) return backward ? gdn_cuda_cp_bwd_map_ws(p, cp) : gdn_cuda_cp_fwd_map_ws(p, cp);
+#else
+    (void)ex;
+#endif
+    return backward ? gdn_cpu_cp_bwd_map_ws(p, cp) : gdn_cpu_cp_fwd_map_ws(p, cp);
+}
+
+/* CUDA: cu_seqlens_dev where there are cu_seqlens (the kernels read the span
+ * from the host copy; the regular calls of the flow need the device one) and
+ * the 16-byte workspace every CUDA kernel takes */
+static gdn_status cuda_checks(const gdn_exec *ex, const gdn_plan *p, const void *ws) {
+    if (!on_cuda(ex)) return GDN_OK;
+    CHECK(!p->c.cu_seqlens || p->c.cu_seqlens_dev, GDN_ERR_NULL, "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+    if (ws) GDN_ALIGNED(ws, 16, "every CUDA workspace is");
+    return GDN_OK;
+}
 
 static size_t map_floats(const gdn_plan *p) {
     return (size_t)p->c.HV * ((size_t)p->c.K * p->c.K + (size_t)p->c.K * p->c.V);
@@ -49,13 +71,8 @@ size_t gdn_cp_map_floats(const gdn_config *cfg) {
 static size_t ws_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, int backward) {
     gdn_plan p;
     if (cp_plan(ex, cfg, cp, &p)) return 0;
-    if (gdn_exec_backend(ex) != GDN_BACKEND_CPU) {
-        gdn_fail(GDN_ERR_UNSUPPORTED, "%s: context parallel is not on the CUDA backend yet (CPU only)",
-                 backward ? "gdn_cp_bwd_map_workspace_size" : "gdn_cp_fwd_map_workspace_size");
-        return 0;
-    }
     gdn_ok();
-    return backward ? gdn_cpu_cp_bwd_map_ws(&p, cp) : gdn_cpu_cp_fwd_map_ws(&p, cp);
+    return backend_ws(ex, &p, cp, backward);
 }
 
 size_t gdn_cp_fwd_map_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp) {
@@ -77,7 +94,6 @@ gdn_status gdn_cp_fwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    CP_CPU_ONLY(ex, "gdn_cp_fwd_map");
     NEED(a, "");
     NEED(map, " (gdn_cp_map_floats() floats)");
     const unsigned f = p.c.flags;
@@ -86,7 +102,15 @@ gdn_status gdn_cp_fwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
         if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
     }
     if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
-    if ((s = check_ws(a->workspace, a->workspace_bytes, gdn_cpu_cp_fwd_map_ws(&p, cp)))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 0)))) return s;
+    if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if (on_cuda(ex) && (s = gdn_cuda_align_fwd(ex, &p, a, 1))) return s;
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_fwd_map(&p, cp, a, map, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
     gdn_cpu_cp_fwd_map(&p, cp, a, map);
     return gdn_ok();
 }
@@ -96,7 +120,6 @@ gdn_status gdn_cp_bwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    CP_CPU_ONLY(ex, "gdn_cp_bwd_map");
     NEED(a, "");
     NEED(bmap, " (gdn_cp_map_floats() floats)");
     const unsigned f = p.c.flags;
@@ -109,7 +132,15 @@ gdn_status gdn_cp_bwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
     CHECK(!a->saved || !sv || a->saved_bytes >= sv, GDN_ERR_WORKSPACE,
           "saved_bytes (%zu) is less than the %zu bytes needed", a->saved_bytes, sv);
     CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
-    if ((s = check_ws(a->workspace, a->workspace_bytes, gdn_cpu_cp_bwd_map_ws(&p, cp)))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 1)))) return s;
+    if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if (on_cuda(ex) && (s = gdn_cuda_align_bwd(ex, &p, a))) return s;
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_bwd_map(&p, cp, a, fwd_map, bmap, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
     gdn_cpu_cp_bwd_map(&p, cp, a, fwd_map, bmap);
     return gdn_ok();
 }
@@ -119,9 +150,15 @@ static gdn_status scan_call(const gdn_exec *ex, const gdn_config *cfg, const gdn
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    CP_CPU_ONLY(ex, backward ? "gdn_cp_bwd_scan" : "gdn_cp_fwd_scan");
     if (cp->world > 1) NEED(maps, " (the maps of every rank, gathered in rank order)");
+    if ((s = cuda_checks(ex, &p, NULL))) return s;
     CHECK(out != NULL, GDN_ERR_NULL, "%s is NULL but required (HV*K*V floats)", backward ? "dS_out" : "S_in");
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_scan(&p, cp, maps, out, backward, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
     if (backward) gdn_cpu_cp_bwd_scan(&p, cp, maps, out);
     else gdn_cpu_cp_fwd_scan(&p, cp, maps, out);
     return gdn_ok();

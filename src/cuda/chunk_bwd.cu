@@ -171,7 +171,8 @@ using namespace gdn::cbwd;
 
 extern "C" size_t gdn_cuda_chunk_bwd_ws(const gdn_plan *pl) { return ws_layout(pl).total; }
 
-extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args *a, void *ws, void *stream) {
+namespace {
+BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     const gdn_config *c = &pl->c;
     BwdArgs p;
     p.q = a->q; p.k = a->k; p.v = a->v; p.g = a->g; p.beta = a->beta; p.dout = a->dout;
@@ -185,6 +186,12 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
     p.nvt = (c->V + VT - 1) / VT;
     p.scale = c->scale; p.flags = c->flags;
+    return p;
+}
+}  // namespace
+
+extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args *a, void *ws, void *stream) {
+    BwdArgs p = args_of(pl, a);
     const WsLayout wl = ws_layout(pl);
     char *w = static_cast<char *>(ws);
     p.slot_row0 = reinterpret_cast<int64_t *>(w);
@@ -195,5 +202,38 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
     p.part = reinterpret_cast<double *>(w + wl.part);
     const cudaError_t e = run(pl, p, wl, w, (cudaStream_t)stream);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk backward kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}
+
+/* context parallel (cp.cu): the slot table, the records and the reverse
+ * sweep only, no dstates kept: dh0 from dht through the sequences */
+extern "C" size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *pl) {
+    const WsLayout wl = ws_layout(pl);
+    return wl.states;   /* the slot table and the records come first */
+}
+
+extern "C" gdn_status gdn_cuda_chunk_dstate(const gdn_plan *pl, const gdn_bwd_args *a, const float *rstd_q,
+                                            const float *rstd_k, void *ws, void *stream) {
+    BwdArgs p = args_of(pl, a);
+    p.rstd_q = rstd_q;
+    p.rstd_k = rstd_k;
+    const WsLayout wl = ws_layout(pl);
+    char *w = static_cast<char *>(ws);
+    p.slot_row0 = reinterpret_cast<int64_t *>(w);
+    p.slot_c = reinterpret_cast<int *>(w + wl.info_c);
+    p.rec = reinterpret_cast<float *>(w + wl.rec);
+    p.states = nullptr;
+    p.dstates = nullptr;
+    p.part = nullptr;
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e = PrepPass<true>::attr(p.K);
+    if (e == cudaSuccess) e = SweepPass<true>::attr(p.K);
+    if (e == cudaSuccess) {
+        slot_info_launch(p, st);
+        PrepPass<true>::launch(p, st);
+        if (p.N > 0) SweepPass<true>::launch_bwd(p, (unsigned)(p.N * p.HV * p.nvt), st);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "context-parallel backward map launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }

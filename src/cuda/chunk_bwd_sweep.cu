@@ -1,7 +1,8 @@
 /* CUDA chunk backward, the two sweeps over each sequence's chunks, one block
  * per (sequence, value head, 64 columns of V): fwd_sweep, the state entering
  * each chunk into `states`; bwd_sweep in reverse, dS leaving each chunk into
- * `dstates`, then dh0; their launchers. */
+ * `dstates` (none for context parallel's map: dh0 only), then dh0; their
+ * launchers. */
 #include "cuda/chunk_bwd.cuh"
 
 namespace gdn {
@@ -174,8 +175,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
         __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */
-        float *st = p.dstates + (slot * p.HV + j) * (int64_t)K * V;
-        store_state(st, dS, K, V, v0);
+        if (p.dstates) store_state(p.dstates + (slot * p.HV + j) * (int64_t)K * V, dS, K, V, v0);   /* none: dh0 only */
         if (pf) {
             fk.commit(Ks, lk, p.dt, c, K, 0);
             fo.commit(dO, R8, p.dt, c, VT, 0);

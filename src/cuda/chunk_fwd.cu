@@ -85,8 +85,10 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* maps_only: pass 1 and no more (context parallel, cp.cu: the segments' maps
+ * are the product) */
 template <int KT, int BV, typename E>
-cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st) {
+cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, bool maps_only) {
     cudaError_t e = PrepPass<KT, E>::attr();
     if (e == cudaSuccess) e = StatePass<KT, BV, E>::attr();
     if (e != cudaSuccess) return e;
@@ -127,7 +129,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     p.maxseg = (maxch + p.sc - 1) / p.sc;
     p.pass = 1; p.nvb = p.nvb_v + (p.K + BV - 1) / BV;
     e = walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess || maps_only) return e;
     seg_scan_launch(p, N, st);
     p.pass = 3; p.nvb = p.nvb_v;
     walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
@@ -135,10 +137,37 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
 }
 
 template <typename E>
-cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st) {
-    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st);
-    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st);
-    return launch<256, 64, E>(p, rows, N, maxch, ws, st);
+cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, bool maps_only) {
+    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st, maps_only);
+    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st, maps_only);
+    return launch<256, 64, E>(p, rows, N, maxch, ws, st, maps_only);
+}
+
+/* the kernel arguments of a call; sc chunks per segment (0 = whole sequences) */
+ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
+    const gdn_config *c = &pl->c;
+    ChunkArgs p;
+    p.q = a->q; p.k = a->k; p.v = a->v; p.g = a->g; p.beta = a->beta;
+    p.A_log = a->A_log; p.dt_bias = a->dt_bias; p.h0 = a->h0; p.o = a->o; p.ht = a->ht;
+    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
+    p.rstd_q = sl.rstd_q; p.rstd_k = sl.rstd_k;
+    p.cu = c->cu_seqlens_dev; p.T = c->T;
+    p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
+    p.scale = c->scale; p.flags = c->flags;
+    p.sc = sc;
+    const WsLayout wl = ws_layout(pl, sc);
+    p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
+    p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
+    p.seg_p = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + 2 * wl.seg);
+    return p;
+}
+
+cudaError_t run(const gdn_plan *pl, const ChunkArgs &p, void *ws, cudaStream_t st, bool maps_only) {
+    const gdn_config *c = &pl->c;
+    const int maxch = (int)((pl->max_len + CC - 1) / CC);
+    const int64_t rows = c->B * c->T;
+    return c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st, maps_only)
+                                : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st, maps_only);
 }
 
 }  // namespace
@@ -155,24 +184,22 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return gdn_cuda_recurrent_fwd(pl, a, stream);
     if (pl->N * c->HV == 0) return GDN_OK;
-    ChunkArgs p;
-    p.q = a->q; p.k = a->k; p.v = a->v; p.g = a->g; p.beta = a->beta;
-    p.A_log = a->A_log; p.dt_bias = a->dt_bias; p.h0 = a->h0; p.o = a->o; p.ht = a->ht;
-    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
-    p.rstd_q = sl.rstd_q; p.rstd_k = sl.rstd_k;
-    p.cu = c->cu_seqlens_dev; p.T = c->T;
-    p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
-    p.scale = c->scale; p.flags = c->flags;
-    const int maxch = (int)((pl->max_len + CC - 1) / CC);
-    p.sc = seg_chunks(pl);
-    const WsLayout wl = ws_layout(pl, p.sc);
-    p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
-    p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
-    p.seg_p = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + 2 * wl.seg);
-    cudaStream_t st = (cudaStream_t)stream;
-    const int64_t rows = c->B * c->T;
-    const cudaError_t e = c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st)
-                                               : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st);
+    const cudaError_t e = run(pl, args_of(pl, a, seg_chunks(pl), ws), ws, (cudaStream_t)stream, false);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}
+
+extern "C" size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *pl, int sc) { return ws_layout(pl, sc).total; }
+
+extern "C" gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws, float **seg_p,
+                                              float **seg_s, void *stream) {
+    gdn_fwd_args b = *a;
+    b.o = nullptr; b.ht = nullptr; b.saved = nullptr; b.h0 = nullptr;   /* pass 1 writes none of them */
+    const ChunkArgs p = args_of(pl, &b, sc, ws);
+    *seg_p = p.seg_p;
+    *seg_s = p.seg_s;
+    if (pl->max_len == 0) return GDN_OK;
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, true);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "context-parallel segment maps launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }

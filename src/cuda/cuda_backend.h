@@ -23,6 +23,28 @@ gdn_status gdn_cuda_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a, void *ws
 /* chunk backward; ws: gdn_cuda_chunk_bwd_ws(p) bytes of device memory */
 size_t gdn_cuda_chunk_bwd_ws(const gdn_plan *p);
 gdn_status gdn_cuda_chunk_bwd(const gdn_plan *p, const gdn_bwd_args *a, void *ws, void *stream);
+/* context parallel (cp.cu; gdn.h has the contract): the maps of a rank and
+ * the scans over the gathered maps; the ws sizes in bytes of device memory */
+size_t gdn_cuda_cp_fwd_map_ws(const gdn_plan *p, const gdn_cp_config *cp);
+size_t gdn_cuda_cp_bwd_map_ws(const gdn_plan *p, const gdn_cp_config *cp);
+gdn_status gdn_cuda_cp_fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, float *map, void *stream);
+gdn_status gdn_cuda_cp_bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a, const float *fwd_map,
+                               float *bmap, void *stream);
+gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *cp, const float *maps, float *out, int backward,
+                            void *stream);
+/* the pieces cp.cu runs on one sequence (a plan with N = 1, no cu_seqlens):
+ * the chunk forward's pass 1 with sc chunks per segment (each segment's map
+ * from a zero state, P and S_loc, at *seg_p, *seg_s in ws: [segment][HV]
+ * x K*K and K*V, k-first); the recurrent kernel in map mode (f32); the
+ * chunk backward's prep and reverse sweep (dh0 only, rstd given where
+ * GDN_QK_L2NORM) */
+size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *p, int sc);
+gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *p, const gdn_fwd_args *a, int sc, void *ws, float **seg_p, float **seg_s,
+                                   void *stream);
+gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
+size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *p);
+gdn_status gdn_cuda_chunk_dstate(const gdn_plan *p, const gdn_bwd_args *a, const float *rstd_q, const float *rstd_k, void *ws,
+                                 void *stream);
 #ifdef __cplusplus
 }
 #endif

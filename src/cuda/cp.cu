@@ -1,0 +1,310 @@
+/* Context parallel on the CUDA backend (include/gdn.h has the contract,
+ * DESIGN.md §8 the math, src/cpu/cp.c the same steps on the CPU). A rank's
+ * maps come from the kernels of the regular calls run on the one local
+ * sequence that crosses its edge, as a span of its own (N = 1, no
+ * cu_seqlens, pointers at its first row):
+ *   forward:  bf16 / f16: the chunk forward's pass 1 (chunk_fwd.cu) cuts the
+ *             span into segments and gives each one's map (P, S_loc) from
+ *             a zero state; compose_kernel folds them in order per value
+ *             head, from the span's h0 row (the chain restarts) or from I
+ *             (P wanted). f32: the recurrent kernel in map mode (K + V
+ *             columns, token by token, fp32 as its forward).
+ *   backward: the chunk backward's prep and reverse sweep (chunk_bwd.cu)
+ *             over sequence 0 from dht row 0, no dstates kept: dh0 is the
+ *             map's S; P (where it passes through) from the forward map.
+ * The scans fold the gathered maps per (value head, 16 columns) in fp32.
+ * Nothing is allocated, nothing waits for the host: capture-safe. */
+#include <cstring>
+#include <cuda_runtime.h>
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.h"
+
+namespace {
+
+constexpr int CW = 16;    /* state columns per block in the folds */
+constexpr int NTH = 256;  /* threads of the fold blocks */
+constexpr int CCH = 64;   /* chunk length of the chunk kernels */
+
+size_t map_floats(const gdn_plan *p) { return (size_t)p->c.K * p->c.K + (size_t)p->c.K * p->c.V; }
+size_t al(size_t x) { return (x + 255) / 256 * 256; }
+
+/* element (i, v) of a k-first view of a [K, V] state in the plan's layout */
+__device__ __forceinline__ int64_t at_state(bool vfirst, int K, int V, int i, int v) {
+    return vfirst ? (int64_t)v * K + i : (int64_t)i * V + v;
+}
+
+/* ---- forward map: the segments' maps folded in order. Block per (value
+ * head, 16 of the K + V columns of [P | S]); column c < K is P's (from e_c,
+ * no additive term), the rest S's (from the h0 row, or 0 where P is wanted). */
+__global__ void __launch_bounds__(NTH) compose_kernel(const float *seg_p, const float *seg_s, int nseg, int HV, int K, int V,
+                                                      const float *h0row, unsigned flags, int need_P, float *map) {
+    extern __shared__ float sx[];   /* x [K][CW], then the next one */
+    float *xn = sx + K * CW;
+    const int nsl = (K + V + CW - 1) / CW, cs = blockIdx.x % nsl, j = blockIdx.x / nsl;
+    const int c = threadIdx.x % CW, col = cs * CW + c, vc = col - K;
+    const bool pc = col < K, valid = col < K + V, vfirst = (flags & GDN_STATE_V_FIRST) != 0;
+    for (int i = threadIdx.x / CW; i < K; i += NTH / CW)
+        sx[i * CW + c] = pc ? (need_P && i == col ? 1.f : 0.f)
+                       : (valid && !need_P && h0row) ? h0row[(int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] : 0.f;
+    __syncthreads();
+    for (int s = 0; s < nseg; s++) {
+        const float *P = seg_p + ((int64_t)s * HV + j) * K * K, *S = seg_s + ((int64_t)s * HV + j) * K * V;
+        for (int i = threadIdx.x / CW; i < K; i += NTH / CW) {
+            float acc = (!pc && valid) ? S[(int64_t)i * V + vc] : 0.f;
+            const float *Pi = P + (int64_t)i * K;
+#pragma unroll 8
+            for (int k = 0; k < K; k++) acc += Pi[k] * sx[k * CW + c];
+            xn[i * CW + c] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
+        __syncthreads();
+    }
+    float *m = map + (int64_t)j * ((int64_t)K * K + (int64_t)K * V);
+    for (int i = threadIdx.x / CW; i < K && valid; i += NTH / CW) {
+        if (pc) m[(int64_t)i * K + col] = need_P ? sx[i * CW + c] : 0.f;
+        else m[(int64_t)K * K + (int64_t)i * V + vc] = sx[i * CW + c];
+    }
+}
+
+/* ---- the scans: block per (value head, 16 columns of V), from zero:
+ *   forward   x <- P_i x + S_i    for ranks i = 0 .. rank-1
+ *   backward  x <- P_i^T x + S_i  for ranks i = world-1 .. rank+1
+ * written in the state layout. */
+__global__ void __launch_bounds__(NTH) scan_kernel(const float *maps, int rank, int world, int backward, int HV, int K, int V,
+                                                   unsigned flags, float *out) {
+    extern __shared__ float sx[];
+    float *xn = sx + K * CW;
+    const int nsl = (V + CW - 1) / CW, cs = blockIdx.x % nsl, j = blockIdx.x / nsl;
+    const int c = threadIdx.x % CW, vc = cs * CW + c;
+    const bool valid = vc < V;
+    const int64_t mf = (int64_t)K * K + (int64_t)K * V;
+    for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = 0.f;
+    __syncthreads();
+    const int first = backward ? world - 1 : 0, last = backward ? rank + 1 : rank - 1, step = backward ? -1 : 1;
+    for (int r = first; backward ? r >= last : r <= last; r += step) {
+        const float *P = maps + ((int64_t)r * HV + j) * mf, *S = P + (int64_t)K * K;
+        for (int i = threadIdx.x / CW; i < K; i += NTH / CW) {
+            float acc = valid ? S[(int64_t)i * V + vc] : 0.f;
+            if (backward) {
+#pragma unroll 8
+                for (int k = 0; k < K; k++) acc += P[(int64_t)k * K + i] * sx[k * CW + c];
+            } else {
+                const float *Pi = P + (int64_t)i * K;
+#pragma unroll 8
+                for (int k = 0; k < K; k++) acc += Pi[k] * sx[k * CW + c];
+            }
+            xn[i * CW + c] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
+        __syncthreads();
+    }
+    const bool vfirst = (flags & GDN_STATE_V_FIRST) != 0;
+    for (int i = threadIdx.x / CW; i < K && valid; i += NTH / CW)
+        out[(int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] = sx[i * CW + c];
+}
+
+/* ---- backward map: [P | dS] per value head from dS (state layout) and P
+ * (a forward map's, or none: zero) ---- */
+__global__ void bmap_pack_kernel(const float *dS, const float *fmap, int HV, int K, int V, unsigned flags, float *bmap) {
+    const int64_t mf = (int64_t)K * K + (int64_t)K * V, n = mf * HV;
+    const bool vfirst = (flags & GDN_STATE_V_FIRST) != 0;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int j = (int)(e / mf);
+        const int64_t r = e % mf;
+        if (r < (int64_t)K * K) {
+            bmap[e] = fmap ? fmap[e] : 0.f;
+        } else {
+            const int i = (int)((r - (int64_t)K * K) / V), v = (int)((r - (int64_t)K * K) % V);
+            bmap[e] = dS[(int64_t)j * K * V + at_state(vfirst, K, V, i, v)];
+        }
+    }
+}
+
+/* ---- the q / k rstd of rows [0, rows), 1/sqrt(|x|^2 + 1e-6) as the
+ * forward: a warp per (row, head) ---- */
+__global__ void rstd_kernel(const void *q, const void *k, int64_t rows, int H, int K, int dt, float *rq, float *rk) {
+    const int lane = threadIdx.x & 31;
+    const int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    if (w >= rows * H) return;
+    float sq = 0.f, sk = 0.f;
+    for (int i = lane; i < K; i += 32) {
+        const float a = gdn::ld(q, w * K + i, dt), b = gdn::ld(k, w * K + i, dt);
+        sq += a * a;
+        sk += b * b;
+    }
+    sq = gdn::warp_sum(sq);
+    sk = gdn::warp_sum(sk);
+    if (lane == 0) { rq[w] = rsqrtf(sq + 1e-6f); rk[w] = rsqrtf(sk + 1e-6f); }
+}
+
+/* the plan of one local sequence as a call of its own */
+gdn_plan span_plan(const gdn_plan *p, int64_t len) {
+    gdn_plan s = *p;
+    s.c.B = 1; s.c.T = len; s.c.cu_seqlens = nullptr; s.c.cu_seqlens_dev = nullptr; s.c.num_seqs = 0;
+    s.N = 1; s.max_len = len;
+    return s;
+}
+
+/* chunks per segment of the forward map's span: about two waves of the
+ * pass-1 blocks over the card (as many segments as fill it twice) */
+int span_sc(const gdn_plan *s) {
+    const int K = s->c.K, V = s->c.V, bv = K <= 128 ? 128 : 64;
+    const int64_t maxch = (s->max_len + CCH - 1) / CCH, blocks = (int64_t)s->c.HV * ((V + bv - 1) / bv + (K + bv - 1) / bv);
+    int64_t want = 2 * gdn::sm_count() / (blocks > 0 ? blocks : 1);
+    if (want < 1) want = 1;
+    int64_t sc = (maxch + want - 1) / want;
+    return sc < 1 ? 1 : (int)sc;
+}
+
+/* the forward map's work: 0 = nothing (a zero map), else the last local sequence */
+bool fwd_edge(const gdn_plan *p, const gdn_cp_config *cp, int64_t *bos, int64_t *len) {
+    if (!cp->last_continues) return false;
+    gdn_seq(p, p->N - 1, bos, len);
+    return true;
+}
+
+size_t fwd_ws(const gdn_plan *p, const gdn_cp_config *cp) {
+    int64_t bos, len;
+    if (!fwd_edge(p, cp, &bos, &len) || p->c.dtype == GDN_F32) return 0;
+    const gdn_plan s = span_plan(p, len);
+    return gdn_cuda_chunk_seg_maps_ws(&s, span_sc(&s));
+}
+
+gdn_status fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, float *map, void *stream) {
+    const gdn_config *c = &p->c;
+    const int K = c->K, V = c->V, HV = c->HV;
+    cudaStream_t st = (cudaStream_t)stream;
+    int64_t bos, len;
+    if (!fwd_edge(p, cp, &bos, &len)) {   /* nothing goes on to the next rank */
+        const cudaError_t e = cudaMemsetAsync(map, 0, map_floats(p) * HV * sizeof(float), st);
+        return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_map: %s", cudaGetErrorString(e));
+    }
+    /* P only where the sequence also came from the previous rank; else the
+     * chain restarts here, from the sequence's own h0 row */
+    const int need_P = p->N == 1 && cp->first_continues;
+    const size_t es = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
+    gdn_fwd_args b = *a;
+    b.q = a->q ? (const char *)a->q + bos * c->H * K * es : nullptr;
+    b.k = a->k ? (const char *)a->k + bos * c->H * K * es : nullptr;
+    b.v = a->v ? (const char *)a->v + bos * HV * V * es : nullptr;
+    b.g = a->g ? (const char *)a->g + bos * HV * gs : nullptr;
+    b.beta = a->beta ? (const char *)a->beta + bos * HV * gs : nullptr;
+    b.h0 = (!need_P && a->h0) ? a->h0 + (size_t)(p->N - 1) * HV * K * V : nullptr;
+    const gdn_plan s = span_plan(p, len);
+    if (c->dtype == GDN_F32) return gdn_cuda_recurrent_map(&s, &b, need_P, map, stream);
+    const int sc = span_sc(&s);
+    float *seg_p, *seg_s;
+    gdn_status r = gdn_cuda_chunk_seg_maps(&s, &b, sc, a->workspace, &seg_p, &seg_s, stream);
+    if (r) return r;
+    const int nseg = len > 0 ? (int)(((len + CCH - 1) / CCH + sc - 1) / sc) : 0;
+    const int nsl = (K + V + CW - 1) / CW;
+    compose_kernel<<<(unsigned)(HV * nsl), NTH, 2 * K * CW * sizeof(float), st>>>(seg_p, seg_s, nseg, HV, K, V, b.h0,
+                                                                                  c->flags, need_P, map);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_map: %s", cudaGetErrorString(e));
+}
+
+/* the backward map's workspace: [the records of the sweep][dS: HV*K*V]
+ * [rstd q, k: 2*len0*H where saved is absent]... then, where P passes
+ * through, [a forward map (HV*(K*K+K*V))][its workspace] */
+struct BwdWs { size_t ds, rstd, fmap, fws, total; };
+BwdWs bwd_ws_layout(const gdn_plan *p, const gdn_cp_config *cp) {
+    BwdWs l = {0, 0, 0, 0, 0};
+    if (!cp->first_continues) return l;
+    int64_t bos, len;
+    gdn_seq(p, 0, &bos, &len);
+    const gdn_plan s = span_plan(p, len);
+    size_t o = al(gdn_cuda_chunk_dstate_ws(&s));
+    l.ds = o; o += al((size_t)p->c.HV * p->c.K * p->c.V * sizeof(float));
+    l.rstd = o; o += al(2 * (size_t)len * p->c.H * sizeof(float));
+    if (p->N == 1 && cp->last_continues) {
+        l.fmap = o; o += al(map_floats(p) * p->c.HV * sizeof(float));
+        l.fws = o; o += al(fwd_ws(p, cp));
+    }
+    l.total = o;
+    return l;
+}
+
+gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a, const float *fmap, float *bmap,
+                   void *stream) {
+    const gdn_config *c = &p->c;
+    const int K = c->K, V = c->V, HV = c->HV;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (!cp->first_continues) {   /* nothing goes back to the previous rank */
+        const cudaError_t e = cudaMemsetAsync(bmap, 0, map_floats(p) * HV * sizeof(float), st);
+        return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_map: %s", cudaGetErrorString(e));
+    }
+    int64_t bos, len;
+    gdn_seq(p, 0, &bos, &len);   /* bos = 0 */
+    const BwdWs l = bwd_ws_layout(p, cp);
+    char *w = static_cast<char *>(a->workspace);
+    const gdn_plan s = span_plan(p, len);
+    const int through = p->N == 1 && cp->last_continues;
+    gdn_status r;
+    /* P of the span (where it passes through): the forward map's, or recomputed */
+    const float *P = through ? fmap : nullptr;
+    if (through && !fmap) {
+        gdn_fwd_args f;
+        memset(&f, 0, sizeof f);
+        f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
+        f.workspace = w + l.fws; f.workspace_bytes = fwd_ws(p, cp);
+        float *m = reinterpret_cast<float *>(w + l.fmap);
+        if ((r = fwd_map(p, cp, &f, m, stream))) return r;
+        P = m;
+    }
+    /* the rstd where saved is absent */
+    gdn_bwd_args b = *a;
+    float *dS = reinterpret_cast<float *>(w + l.ds);
+    const gdn_saved_layout sv = gdn_saved_at(c, const_cast<void *>(a->saved));
+    float *rq = sv.rstd_q, *rk = sv.rstd_k;
+    if ((c->flags & GDN_QK_L2NORM) && !a->saved && len > 0) {
+        rq = reinterpret_cast<float *>(w + l.rstd);
+        rk = rq + len * c->H;
+        const int64_t warps = len * c->H;
+        rstd_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, st>>>(a->q, a->k, len, c->H, K, (int)c->dtype, rq, rk);
+    }
+    /* the sub-call's saved: [rstd_q len*H][rstd_k len*H] as gdn_saved_at lays it for the span */
+    b.saved = nullptr;
+    b.dht = a->dht;   /* row 0: the gradient of the state at sequence 0's end (or this rank's) */
+    b.dh0 = dS;
+    b.dq = b.dk = b.dv = b.dg = b.dbeta = nullptr;
+    b.dA_log = b.ddt_bias = nullptr;
+    b.h0 = nullptr;
+    b.workspace = w;
+    if ((r = gdn_cuda_chunk_dstate(&s, &b, rq, rk, w, stream))) return r;
+    const int64_t n = (int64_t)map_floats(p) * HV;
+    bmap_pack_kernel<<<(unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256, 0, st>>>(dS, P, HV, K, V, c->flags, bmap);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_map: %s", cudaGetErrorString(e));
+}
+
+}  // namespace
+
+extern "C" size_t gdn_cuda_cp_fwd_map_ws(const gdn_plan *p, const gdn_cp_config *cp) { return fwd_ws(p, cp); }
+
+extern "C" size_t gdn_cuda_cp_bwd_map_ws(const gdn_plan *p, const gdn_cp_config *cp) { return bwd_ws_layout(p, cp).total; }
+
+extern "C" gdn_status gdn_cuda_cp_fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, float *map,
+                                          void *stream) {
+    return fwd_map(p, cp, a, map, stream);
+}
+
+extern "C" gdn_status gdn_cuda_cp_bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a,
+                                          const float *fwd_map, float *bmap, void *stream) {
+    return bwd_map(p, cp, a, fwd_map, bmap, stream);
+}
+
+extern "C" gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *cp, const float *maps, float *out,
+                                       int backward, void *stream) {
+    const int K = p->c.K, V = p->c.V, HV = p->c.HV;
+    if (HV == 0) return GDN_OK;
+    const int nsl = (V + CW - 1) / CW;
+    scan_kernel<<<(unsigned)(HV * nsl), NTH, 2 * K * CW * sizeof(float), (cudaStream_t)stream>>>(
+        maps, cp->rank, cp->world, backward, HV, K, V, p->c.flags, out);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? GDN_OK
+                            : gdn_fail(GDN_ERR_BACKEND, "%s: %s", backward ? "gdn_cp_bwd_scan" : "gdn_cp_fwd_scan",
+                                       cudaGetErrorString(e));
+}
