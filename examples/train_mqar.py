@@ -302,6 +302,19 @@ def main(argv=None):
         out["max_abs_loss_diff"] = max(abs(x - y) for x, y in zip(a, b))
         print(f"loss difference gdn vs torch, largest over {len(a)} steps: relative "
               f"{out['max_rel_loss_diff']:.2e}, absolute {out['max_abs_loss_diff']:.2e}")
+        # the stated tolerance: f32, every step (CI: 1e-4 at its size); bf16 (16-bit products and activations:
+        # the runs drift apart once the loss is small), the first quarter of the steps within
+        # 5e-2 and the final accuracies within 0.05 of each other
+        first = max(1, len(a) // 4)
+        out["max_rel_loss_diff_first"] = max(abs(x - y) / abs(y) for x, y in zip(a[:first], b[:first]))
+        acc_gap = abs(out["runs"]["gdn"]["final_acc"] - out["runs"]["torch"]["final_acc"])
+        tol = 1e-4 if args.dtype == "f32" else 5e-2
+        agree = (out["max_rel_loss_diff"] if args.dtype == "f32" else out["max_rel_loss_diff_first"]) <= tol and acc_gap <= 0.05
+        out["curves_agree"] = agree
+        print(f"  over the first {first} steps: relative {out['max_rel_loss_diff_first']:.2e}; final accuracies "
+              f"{acc_gap:.3f} apart; tolerance ({args.dtype}: loss {tol:.0e} over "
+              f"{'every step' if args.dtype == 'f32' else 'the first quarter'}, accuracy 0.05): "
+              f"{'met' if agree else 'NOT met'}")
     if "fla" in out["runs"] and "torch" in out["runs"]:
         a, b = out["runs"]["fla"]["loss"], out["runs"]["torch"]["loss"]
         out["max_rel_loss_diff_fla"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))

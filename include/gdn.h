@@ -255,10 +255,15 @@ gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gd
  *      step 6: it is no input's gradient (drop it).
  *
  * Every option of gdn_chunk_fwd/bwd works (dtypes, GVA, gate and beta flags,
- * in-kernel L2 norm, both state layouts). The CPU backend runs these calls;
- * the CUDA backend answers GDN_ERR_UNSUPPORTED (not written yet: no device to
- * test it on). Results do not depend on the thread count (for a given
- * gdn_exec.seq_split, which cuts a long local span as gdn_chunk_fwd does). */
+ * in-kernel L2 norm, both state layouts). Both backends run these calls. On
+ * the CPU, results do not depend on the thread count (for a given
+ * gdn_exec.seq_split, which cuts a long local span as gdn_chunk_fwd does).
+ * On CUDA every pointer (the map, the gathered maps, S_in, dS_out, the
+ * workspace: 16-byte aligned) is device memory, the config carries
+ * cu_seqlens_dev beside cu_seqlens as for the chunk calls, and the calls
+ * queue on the exec's stream with no allocation and no host sync (capture-
+ * safe); the map calls cost about the state pass of the edge sequence's
+ * tokens, cut into segments that run at once. */
 typedef struct gdn_cp_config {
     int rank;             /* this rank's place in the token order, 0..world-1            */
     int world;            /* ranks in the group, >= 1                                    */

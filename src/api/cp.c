@@ -102,8 +102,8 @@ gdn_status gdn_cp_fwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
         if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
     }
     if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
-    if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 0)))) return s;
     if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 0)))) return s;
     if (on_cuda(ex) && (s = gdn_cuda_align_fwd(ex, &p, a, 1))) return s;
 #ifdef GDN_HAVE_CUDA
     if (on_cuda(ex)) {
@@ -132,8 +132,8 @@ gdn_status gdn_cp_bwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
     CHECK(!a->saved || !sv || a->saved_bytes >= sv, GDN_ERR_WORKSPACE,
           "saved_bytes (%zu) is less than the %zu bytes needed", a->saved_bytes, sv);
     CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
-    if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 1)))) return s;
     if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 1)))) return s;
     if (on_cuda(ex) && (s = gdn_cuda_align_bwd(ex, &p, a))) return s;
 #ifdef GDN_HAVE_CUDA
     if (on_cuda(ex)) {

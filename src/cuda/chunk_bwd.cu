@@ -206,15 +206,17 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
 }
 
 /* context parallel (cp.cu): the slot table, the records and the reverse
- * sweep only, no dstates kept: dh0 from dht through the sequences */
+ * sweep only, no dstates kept: dh0 from dht through the sequences (those of
+ * the plan, or of cu_dev: the plan's N sequences on the device) */
 extern "C" size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *pl) {
     const WsLayout wl = ws_layout(pl);
     return wl.states;   /* the slot table and the records come first */
 }
 
-extern "C" gdn_status gdn_cuda_chunk_dstate(const gdn_plan *pl, const gdn_bwd_args *a, const float *rstd_q,
-                                            const float *rstd_k, void *ws, void *stream) {
+extern "C" gdn_status gdn_cuda_chunk_dstate(const gdn_plan *pl, const gdn_bwd_args *a, const int64_t *cu_dev,
+                                            const float *rstd_q, const float *rstd_k, void *ws, void *stream) {
     BwdArgs p = args_of(pl, a);
+    if (cu_dev) p.cu = cu_dev;
     p.rstd_q = rstd_q;
     p.rstd_k = rstd_k;
     const WsLayout wl = ws_layout(pl);

@@ -9,9 +9,14 @@
  *             head, from the span's h0 row (the chain restarts) or from I
  *             (P wanted). f32: the recurrent kernel in map mode (K + V
  *             columns, token by token, fp32 as its forward).
- *   backward: the chunk backward's prep and reverse sweep (chunk_bwd.cu)
- *             over sequence 0 from dht row 0, no dstates kept: dh0 is the
- *             map's S; P (where it passes through) from the forward map.
+ *   backward: sequence 0's span cut into the same segments (bf16 / f16;
+ *             one segment for f32), all of them through the chunk
+ *             backward's prep and reverse sweep at once (chunk_bwd.cu: the
+ *             segments as sequences, dht row 0 entering the last one, no
+ *             dstates kept): each segment's dS_loc; rcompose_kernel carries
+ *             them back through the segments' P^T (pass 1 of the forward)
+ *             to the span's start: the map's S. P, where it passes through,
+ *             is the forward map's or the segments' composed.
  * The scans fold the gathered maps per (value head, 16 columns) in fp32.
  * Nothing is allocated, nothing waits for the host: capture-safe. */
 #include <cstring>
@@ -206,23 +211,72 @@ gdn_status fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_arg
     return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_map: %s", cudaGetErrorString(e));
 }
 
-/* the backward map's workspace: [the records of the sweep][dS: HV*K*V]
- * [rstd q, k: 2*len0*H where saved is absent]... then, where P passes
- * through, [a forward map (HV*(K*K+K*V))][its workspace] */
-struct BwdWs { size_t ds, rstd, fmap, fws, total; };
+/* ---- backward map, bf16 / f16: sequence 0's span cut into the forward
+ * map's segments, each segment's dS_loc (its reverse sweep from zero, the
+ * last one's from dht row 0) at once; then per (value head, 16 columns) from
+ * the last segment back, x <- P_s^T x + dS_loc_s ---- */
+__global__ void __launch_bounds__(NTH) rcompose_kernel(const float *seg_p, const float *dsl, int nseg, int HV, int K, int V,
+                                                       unsigned flags, float *dS) {
+    extern __shared__ float sx[];
+    float *xn = sx + K * CW;
+    const int nsl = (V + CW - 1) / CW, cs = blockIdx.x % nsl, j = blockIdx.x / nsl;
+    const int c = threadIdx.x % CW, vc = cs * CW + c;
+    const bool valid = vc < V, vfirst = (flags & GDN_STATE_V_FIRST) != 0;
+    const int64_t st = (int64_t)HV * K * V;   /* one segment's [HV] states */
+    for (int i = threadIdx.x / CW; i < K; i += NTH / CW)
+        sx[i * CW + c] = valid ? dsl[(nseg - 1) * st + (int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] : 0.f;
+    __syncthreads();
+    for (int s = nseg - 2; s >= 0; s--) {
+        const float *P = seg_p + ((int64_t)s * HV + j) * K * K;
+        for (int i = threadIdx.x / CW; i < K; i += NTH / CW) {
+            float acc = valid ? dsl[s * st + (int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] : 0.f;
+#pragma unroll 8
+            for (int k = 0; k < K; k++) acc += P[(int64_t)k * K + i] * sx[k * CW + c];
+            xn[i * CW + c] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
+        __syncthreads();
+    }
+    for (int i = threadIdx.x / CW; i < K && valid; i += NTH / CW)
+        dS[(int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] = sx[i * CW + c];
+}
+
+/* the segments' cu_seqlens: segment i is tokens [i L, min((i + 1) L, len)) */
+__global__ void seg_cu_kernel(int64_t *cu, int nseg, int64_t L, int64_t len) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= nseg) cu[i] = (int64_t)i * L < len ? (int64_t)i * L : len;
+}
+
+/* the backward map's plan: nseg segments of sc chunks (1 segment: f32, or a
+ * short span) and the workspace, in order: [the sweep's slot table and
+ * records][segment cu_seqlens][dht per segment][dS_loc per segment][dS]
+ * [the segments' forward maps (pass 1)][rstd q, k where saved is absent]
+ * [P's forward map where it passes through] */
+struct BwdWs { int sc, nseg, segmaps; size_t cu, dht, dsl, ds, seg, rstd, fmap, total; };
 BwdWs bwd_ws_layout(const gdn_plan *p, const gdn_cp_config *cp) {
-    BwdWs l = {0, 0, 0, 0, 0};
+    BwdWs l;
+    memset(&l, 0, sizeof l);
     if (!cp->first_continues) return l;
     int64_t bos, len;
     gdn_seq(p, 0, &bos, &len);
     const gdn_plan s = span_plan(p, len);
-    size_t o = al(gdn_cuda_chunk_dstate_ws(&s));
-    l.ds = o; o += al((size_t)p->c.HV * p->c.K * p->c.V * sizeof(float));
+    const int through = p->N == 1 && cp->last_continues;
+    const int64_t maxch = (len + CCH - 1) / CCH;
+    l.sc = p->c.dtype == GDN_F32 || maxch == 0 ? 0 : span_sc(&s);
+    l.nseg = l.sc ? (int)((maxch + l.sc - 1) / l.sc) : 1;
+    l.segmaps = l.sc && (l.nseg > 1 || through);   /* the forward's pass 1 over the segments */
+    gdn_plan sub = s;
+    sub.N = l.nseg;
+    const size_t st = (size_t)p->c.HV * p->c.K * p->c.V * sizeof(float);
+    size_t o = al(gdn_cuda_chunk_dstate_ws(&sub));
+    l.cu = o; o += al((size_t)(l.nseg + 1) * sizeof(int64_t));
+    l.dht = o; o += al(l.nseg * st);
+    l.dsl = o; o += al(l.nseg * st);
+    l.ds = o; o += al(st);
+    l.seg = o; o += al(l.segmaps ? gdn_cuda_chunk_seg_maps_ws(&s, l.sc) : 0);
     l.rstd = o; o += al(2 * (size_t)len * p->c.H * sizeof(float));
-    if (p->N == 1 && cp->last_continues) {
-        l.fmap = o; o += al(map_floats(p) * p->c.HV * sizeof(float));
-        l.fws = o; o += al(fwd_ws(p, cp));
-    }
+    l.fmap = o; o += al(through ? map_floats(p) * p->c.HV * sizeof(float) : 0);
     l.total = o;
     return l;
 }
@@ -232,8 +286,9 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     const gdn_config *c = &p->c;
     const int K = c->K, V = c->V, HV = c->HV;
     cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e = cudaSuccess;
     if (!cp->first_continues) {   /* nothing goes back to the previous rank */
-        const cudaError_t e = cudaMemsetAsync(bmap, 0, map_floats(p) * HV * sizeof(float), st);
+        e = cudaMemsetAsync(bmap, 0, map_floats(p) * HV * sizeof(float), st);
         return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_map: %s", cudaGetErrorString(e));
     }
     int64_t bos, len;
@@ -242,21 +297,39 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     char *w = static_cast<char *>(a->workspace);
     const gdn_plan s = span_plan(p, len);
     const int through = p->N == 1 && cp->last_continues;
+    const size_t sst = (size_t)HV * K * V;
+    float *dht = reinterpret_cast<float *>(w + l.dht), *dsl = reinterpret_cast<float *>(w + l.dsl);
+    float *dS = reinterpret_cast<float *>(w + l.ds), *pmap = reinterpret_cast<float *>(w + l.fmap);
+    int64_t *cu = reinterpret_cast<int64_t *>(w + l.cu);
     gdn_status r;
-    /* P of the span (where it passes through): the forward map's, or recomputed */
-    const float *P = through ? fmap : nullptr;
-    if (through && !fmap) {
+    /* the segments' forward maps: their P carry dS back, and compose to the span's P */
+    float *seg_p = nullptr, *seg_s = nullptr;
+    if (l.segmaps) {
         gdn_fwd_args f;
         memset(&f, 0, sizeof f);
         f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
-        f.workspace = w + l.fws; f.workspace_bytes = fwd_ws(p, cp);
-        float *m = reinterpret_cast<float *>(w + l.fmap);
-        if ((r = fwd_map(p, cp, &f, m, stream))) return r;
-        P = m;
+        if ((r = gdn_cuda_chunk_seg_maps(&s, &f, l.sc, w + l.seg, &seg_p, &seg_s, stream))) return r;
+    }
+    /* P of the span where it passes through: the forward map's, else composed (f32: the recurrent map) */
+    const float *P = through ? fmap : nullptr;
+    if (through && !fmap) {
+        if (l.segmaps) {
+            compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, 2 * K * CW * sizeof(float), st>>>(
+                seg_p, seg_s, l.nseg, HV, K, V, nullptr, c->flags, 1, pmap);
+        } else {
+            gdn_fwd_args f;
+            memset(&f, 0, sizeof f);
+            f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
+            if (c->dtype == GDN_F32) {
+                if ((r = gdn_cuda_recurrent_map(&s, &f, 1, pmap, stream))) return r;
+            } else {   /* an empty span: P = I */
+                compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, 2 * K * CW * sizeof(float), st>>>(
+                    nullptr, nullptr, 0, HV, K, V, nullptr, c->flags, 1, pmap);
+            }
+        }
+        P = pmap;
     }
     /* the rstd where saved is absent */
-    gdn_bwd_args b = *a;
-    float *dS = reinterpret_cast<float *>(w + l.ds);
     const gdn_saved_layout sv = gdn_saved_at(c, const_cast<void *>(a->saved));
     float *rq = sv.rstd_q, *rk = sv.rstd_k;
     if ((c->flags & GDN_QK_L2NORM) && !a->saved && len > 0) {
@@ -265,18 +338,31 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
         const int64_t warps = len * c->H;
         rstd_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, st>>>(a->q, a->k, len, c->H, K, (int)c->dtype, rq, rk);
     }
-    /* the sub-call's saved: [rstd_q len*H][rstd_k len*H] as gdn_saved_at lays it for the span */
+    /* the reverse sweep over the segments at once: dht of the last one is the caller's row 0, the others' zero */
+    const int nseg = l.nseg;
+    const int64_t L = l.sc ? (int64_t)l.sc * CCH : len;   /* one segment: the span */
+    seg_cu_kernel<<<(unsigned)((nseg + 256) / 256), 256, 0, st>>>(cu, nseg, L > 0 ? L : 1, len);
+    if (nseg > 1) e = cudaMemsetAsync(dht, 0, (size_t)(nseg - 1) * sst * sizeof(float), st);
+    if (e == cudaSuccess)
+        e = a->dht ? cudaMemcpyAsync(dht + (size_t)(nseg - 1) * sst, a->dht, sst * sizeof(float), cudaMemcpyDeviceToDevice, st)
+                   : cudaMemsetAsync(dht + (size_t)(nseg - 1) * sst, 0, sst * sizeof(float), st);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_map: %s", cudaGetErrorString(e));
+    gdn_plan sub = s;
+    sub.N = nseg;
+    gdn_bwd_args b = *a;
     b.saved = nullptr;
-    b.dht = a->dht;   /* row 0: the gradient of the state at sequence 0's end (or this rank's) */
-    b.dh0 = dS;
+    b.dht = dht;
+    b.dh0 = nseg > 1 ? dsl : dS;
     b.dq = b.dk = b.dv = b.dg = b.dbeta = nullptr;
     b.dA_log = b.ddt_bias = nullptr;
     b.h0 = nullptr;
-    b.workspace = w;
-    if ((r = gdn_cuda_chunk_dstate(&s, &b, rq, rk, w, stream))) return r;
+    if ((r = gdn_cuda_chunk_dstate(&sub, &b, cu, rq, rk, w, stream))) return r;
+    if (nseg > 1)
+        rcompose_kernel<<<(unsigned)(HV * ((V + CW - 1) / CW)), NTH, 2 * K * CW * sizeof(float), st>>>(seg_p, dsl, nseg, HV, K, V,
+                                                                                                     c->flags, dS);
     const int64_t n = (int64_t)map_floats(p) * HV;
     bmap_pack_kernel<<<(unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256, 0, st>>>(dS, P, HV, K, V, c->flags, bmap);
-    const cudaError_t e = cudaGetLastError();
+    e = cudaGetLastError();
     return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_map: %s", cudaGetErrorString(e));
 }
 

@@ -37,14 +37,14 @@ gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *cp, const fl
  * from a zero state, P and S_loc, at *seg_p, *seg_s in ws: [segment][HV]
  * x K*K and K*V, k-first); the recurrent kernel in map mode (f32); the
  * chunk backward's prep and reverse sweep (dh0 only, rstd given where
- * GDN_QK_L2NORM) */
+ * GDN_QK_L2NORM; cu_dev, or NULL: the plan's sequences) */
 size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *p, int sc);
 gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *p, const gdn_fwd_args *a, int sc, void *ws, float **seg_p, float **seg_s,
                                    void *stream);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
 size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *p);
-gdn_status gdn_cuda_chunk_dstate(const gdn_plan *p, const gdn_bwd_args *a, const float *rstd_q, const float *rstd_k, void *ws,
-                                 void *stream);
+gdn_status gdn_cuda_chunk_dstate(const gdn_plan *p, const gdn_bwd_args *a, const int64_t *cu_dev, const float *rstd_q,
+                                 const float *rstd_k, void *ws, void *stream);
 #ifdef __cplusplus
 }
 #endif
