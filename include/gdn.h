@@ -74,9 +74,11 @@ typedef struct gdn_exec {
     int threads;    /* CPU worker threads; 0 = OpenMP's default                    */
     int seq_split;  /* chunk path: cut each sequence into at most this many segments
                        that run in parallel (DESIGN.md §8). 0 = automatic, from the
-                       shape alone (few sequences x heads, long sequences); 1 = never.
+                       shape alone (few sequences x heads, long sequences; on CUDA
+                       also the card's SM count); 1 = never. The CUDA forward and
+                       backward split bf16 / f16 calls (f32 walks whole sequences).
                        Results are deterministic for a given shape and seq_split,
-                       whatever the thread count.                                    */
+                       whatever the thread count (on CUDA: and SM count).             */
 } gdn_exec;
 
 /* The CUDA backend (DESIGN.md §6).

@@ -236,6 +236,7 @@ typedef struct bcase {
     int gmode, beta_mode;   /* beta_mode: 0 uniform, 1 near 0, 2 near 1 */
     int h0, dht, dh0, dtb;
     int graph;
+    int split;   /* gdn_exec.seq_split of the device calls */
 } bcase;
 
 static double logsig(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
@@ -252,9 +253,11 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
     if (tc->nseq) { B = 1; T = 0; for (int i = 0; i < tc->nseq; i++) { T += tc->lens[i]; cu[i + 1] = T; } }
     const int64_t N = tc->nseq ? tc->nseq : B;
     snprintf(ctx, sizeof ctx, "op=chunk_bwd backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s gate_dtype=%s flags=%s "
-             "g=%d beta=%d h0=%d dht=%d dh0=%d dt_bias=%d seed=%llu", (long long)B, (long long)T, H, HV, K, V, tc->nseq,
-             t_dtype_name(tc->dt), t_dtype_name(tc->gdt), fl, tc->gmode, tc->beta_mode, tc->h0, tc->dht, tc->dh0, tc->dtb,
-             (unsigned long long)seed);
+             "g=%d beta=%d h0=%d dht=%d dh0=%d dt_bias=%d seq_split=%d seed=%llu", (long long)B, (long long)T, H, HV, K, V,
+             tc->nseq, t_dtype_name(tc->dt), t_dtype_name(tc->gdt), fl, tc->gmode, tc->beta_mode, tc->h0, tc->dht, tc->dh0,
+             tc->dtb, tc->split, (unsigned long long)seed);
+    gdn_exec bex = cuda_ex;   /* the backward's */
+    bex.seq_split = tc->split;
     const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
                  ns = (size_t)N * HV * K * V, dsz = t_dsize(tc->dt), gsz = t_dsize(tc->gdt);
     void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
@@ -346,7 +349,7 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
          *dg_ = dev_put(g, ng * gsz), *db_ = dev_put(b, ng * gsz), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
          *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns), *dcu = dev_put(cu, 8 * (size_t)(tc->nseq + 1));
     if (tc->nseq) c.cu_seqlens_dev = dcu;
-    const size_t wf = gdn_chunk_fwd_workspace_size(&cuda_ex, &c), wb = gdn_chunk_bwd_workspace_size(&cuda_ex, &c);
+    const size_t wf = gdn_chunk_fwd_workspace_size(&cuda_ex, &c), wb = gdn_chunk_bwd_workspace_size(&bex, &c);
     void *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dO = NULL;
     cudaMalloc(&dsv, sv + 4); cudaMalloc(&dwsf, wf + 4); cudaMalloc(&dO, nv * dsz + 4);
     if (cudaMalloc(&dwsb, wb + 4) != cudaSuccess) { fprintf(stderr, "cudaMalloc of %zu bytes failed\n", wb); exit(1); }
@@ -373,11 +376,11 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
                            .dA_log = want[5] ? (float *)outs[run][5] : NULL, .ddt_bias = want[6] ? (float *)outs[run][6] : NULL,
                            .dh0 = want[7] ? (float *)outs[run][7] : NULL, .workspace = dwsb, .workspace_bytes = wb};
         cudaError_t e = cudaSuccess;
-        if (run < 2) s = gdn_chunk_bwd(&cuda_ex, &c, &ba);
+        if (run < 2) s = gdn_chunk_bwd(&bex, &c, &ba);
         else {   /* captured into a graph (global mode: a host sync or an allocation fails it), then launched */
             cudaStream_t st;
             cudaStreamCreate(&st);
-            gdn_exec ex = cuda_ex;
+            gdn_exec ex = bex;
             ex.stream = st;
             cudaGraph_t graph = NULL;
             cudaGraphExec_t gexec = NULL;
@@ -539,6 +542,20 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .flags = fsets[fi], .gmode = fi % 3, .h0 = fi % 2, .dht = 1, .dh0 = 1, .dtb = 1, .graph = fi == 5 && di == 2};
             bwd_case(&tc, rng_u64(r));
         }
+    /* sequences split into segments that both sweeps walk at once (bf16 / f16; f32 walks whole sequences):
+     * forced counts, one long sequence and varlen with empty, short and long ones, and the automatic
+     * split of a long sequence with few heads */
+    static const int64_t slens[] = {0, 1, 700, 65, 1500, 130};
+    for (int k = 0; k < 6; k++) {
+        if (g_quick && k % 2) continue;
+        bcase tc = {.H = 1, .HV = 2, .K = 64, .V = 64, .dt = k % 3 == 2 ? GDN_F16 : GDN_BF16, .gdt = GDN_F32,
+                    .flags = fsets[(k * 3) % 8 == 0 ? 4 : (k * 3) % 8], .gmode = k % 3, .h0 = k != 3, .dht = k != 1,
+                    .dh0 = 1, .dtb = 1, .graph = k == 2, .split = 2 + k};
+        if (k < 2) { tc.B = 1 + k; tc.T = 3000 - 700 * k; }
+        else if (k < 5) { tc.lens = slens; tc.nseq = 6; tc.H = 2; tc.HV = 4; tc.K = 40; tc.V = 72; }
+        else { tc.B = 1; tc.T = 2100; tc.K = 128; tc.V = 128; tc.HV = 1; tc.split = 0; }
+        bwd_case(&tc, rng_u64(r));
+    }
     /* the long GVA case: many groups of slots */
     if (!g_quick) {
         bcase tc = {.B = 3, .T = 5000, .H = 6, .HV = 12, .K = 40, .V = 72, .dt = GDN_BF16, .gdt = GDN_F32,

@@ -36,10 +36,17 @@
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
  *               over slots in order per j
  *
+ * Long sequences with few heads (bf16 / f16; split_sc below) are cut into
+ * segments that the whole backward treats as sequences of their own, so
+ * both sweeps walk them at once: their h0 rows from the forward's pass-1
+ * maps, their dht rows from a first reverse sweep over all of them carried
+ * back through the maps' P^T (chunk_bwd_split.cu).
+ *
  * No atomics anywhere: every result has a fixed summation order, so repeated
  * runs give the same bits. All scratch is the caller's workspace; nothing is
  * allocated and nothing waits for the host. -DGDN_BWD_PROFILE prints the
  * phases' times (events) and the cycles of each step (block 0). */
+#include <cstring>
 #include <cuda_runtime.h>
 #include "cuda/chunk_bwd.cuh"
 
@@ -78,12 +85,51 @@ int64_t group_slots(const gdn_plan *pl) {
     return g < ns ? g : ns;
 }
 
-struct WsLayout { size_t info_c, rec, states, dstates, part, scr, total; };
+/* chunks per segment of the sequence split (chunk_bwd_split.cu), 0 = none:
+ * bf16 / f16 (the segments' incoming states come from the forward's pass 1,
+ * a tensor-core kernel), and only where the sweeps' blocks (sequence, value
+ * head, 64 columns) would leave most SMs idle, or when asked (seq_split) */
+int split_sc(const gdn_plan *pl) {
+    const gdn_config *c = &pl->c;
+    if (c->dtype == GDN_F32 || pl->N * c->HV == 0) return 0;
+    const int64_t maxch = (pl->max_len + CC - 1) / CC, blocks = pl->N * c->HV * ((c->V + VT - 1) / VT);
+    int64_t want;
+    if (pl->seq_split == 1 || maxch < 2) return 0;
+    if (pl->seq_split > 1) want = pl->seq_split;
+    else {
+        if (2 * blocks > gdn::sm_count() || maxch < 16) return 0;
+        want = gdn::sm_count() / blocks;
+    }
+    int64_t sc = (maxch + want - 1) / want;
+    if (pl->seq_split == 0 && sc < 8) sc = 8;
+    return sc >= maxch ? 0 : (int)sc;
+}
+
+/* segments of the split's view: every sequence cut into pieces of sc chunks (an empty one is one segment) */
+int64_t seg_total(const gdn_plan *pl, int sc) {
+    int64_t t = 0;
+    for (int64_t n = 0; n < pl->N; n++) {
+        int64_t bos, len;
+        gdn_seq(pl, n, &bos, &len);
+        t += len > 0 ? (len + (int64_t)sc * CC - 1) / ((int64_t)sc * CC) : 1;
+    }
+    return t;
+}
+
+/* the workspace: the slot table, records, states, dstates, partials and the
+ * local stage's scratch of the (segmented) view; with the split, its tables,
+ * the h0 / dht / dS rows of every segment and the forward's pass-1 maps */
+struct WsLayout { size_t info_c, rec, states, dstates, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total; int sc; int64_t Ns; };
 size_t al(size_t x) { return (x + 255) / 256 * 256; }
-WsLayout ws_layout(const gdn_plan *pl) {
+WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
+    WsLayout l;
+    l.sc = allow_split ? split_sc(pl_in) : 0;
+    l.Ns = l.sc ? seg_total(pl_in, l.sc) : pl_in->N;
+    gdn_plan view = *pl_in;
+    view.N = l.Ns;
+    const gdn_plan *pl = &view;
     const gdn_config *c = &pl->c;
     const size_t ns = (size_t)nslots_of(pl), items = ns * c->HV, kv = (size_t)c->K * c->V;
-    WsLayout l;
     size_t o = al(ns * sizeof(int64_t));
     l.info_c = o; o += al(ns * sizeof(int));
     l.rec = o; o += al(items * REC * sizeof(float));
@@ -92,14 +138,38 @@ WsLayout ws_layout(const gdn_plan *pl) {
     l.part = o; o += al(2 * items * sizeof(double));
     const int64_t F = use_local(c->K) ? local_scr(c->K).F : scr_layout(c->K, c->V).F;
     l.scr = o; o += al((size_t)group_slots(pl) * c->HV * F * sizeof(float));
+    l.scu = l.sseq = l.first = l.h0s = l.dhts = l.dsl = l.fws = o;
+    if (l.sc) {
+        const size_t rows = (size_t)l.Ns * c->HV * kv * sizeof(float);
+        l.scu = o; o += al((size_t)(l.Ns + 1) * sizeof(int64_t));
+        l.sseq = o; o += al((size_t)l.Ns * sizeof(int64_t));
+        l.first = o; o += al((size_t)(pl_in->N + 1) * sizeof(int64_t));
+        l.h0s = o; o += al(rows);
+        l.dhts = o; o += al(rows);
+        l.dsl = o; o += al(rows);
+        l.fws = o; o += al(gdn_cuda_chunk_seg_maps_ws(pl_in, l.sc));
+    }
     l.total = o;
     return l;
 }
 
-cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st) {
+/* p: the arguments of the view (the caller's sequences, or their segments:
+ * p.cu, p.N, p.nslots of the split's view, whose h0 / dht rows run() forms) */
+cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st) {
     const int K = p.K, V = p.V, HV = p.HV;
     cudaError_t e;
     const int64_t ns = p.nslots;
+    gdn_plan view = *pl;
+    view.N = wl.Ns;
+    SegView sv;
+    if (wl.sc) {
+        sv.cu = pl->c.cu_seqlens ? pl->c.cu_seqlens_dev : nullptr;
+        sv.T = pl->c.T; sv.N = pl->N; sv.Ns = wl.Ns; sv.sc = wl.sc; sv.HV = HV; sv.K = K; sv.V = V; sv.flags = p.flags;
+        sv.scu = reinterpret_cast<int64_t *>(ws + wl.scu);
+        sv.sseq = reinterpret_cast<int64_t *>(ws + wl.sseq);
+        sv.first = reinterpret_cast<int64_t *>(ws + wl.first);
+        seg_table_launch(sv, st);
+    }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
     cudaEvent_t ev[5];
     for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
@@ -123,6 +193,24 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
     if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K)) : GrpPass<SPLIT>::attr(K, V)) != cudaSuccess) return e;
     PrepPass<SPLIT>::launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
+        gdn_fwd_args f;
+        memset(&f, 0, sizeof f);
+        f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
+        float *seg_p, *seg_s;
+        if (gdn_cuda_chunk_seg_maps(pl, &f, wl.sc, ws + wl.fws, &seg_p, &seg_s, st) != GDN_OK) return cudaErrorLaunchFailure;
+        sv.seg_p = seg_p; sv.seg_s = seg_s;
+        float *h0s = reinterpret_cast<float *>(ws + wl.h0s), *dhts = reinterpret_cast<float *>(ws + wl.dhts),
+              *dsl = reinterpret_cast<float *>(ws + wl.dsl);
+        seg_h0_launch(sv, a->h0, h0s, st);
+        seg_dht_init_launch(sv, a->dht, dhts, st);
+        BwdArgs q = p;   /* each segment's dS at its start, from zero (the last from dht); nothing kept */
+        q.dht = dhts; q.dh0 = dsl; q.dstates = nullptr;
+        SweepPass<SPLIT>::launch_bwd(q, (unsigned)(p.N * HV * p.nvt), st);
+        seg_dht_launch(sv, dsl, dhts, st);
+        p.h0 = h0s; p.dht = dhts; p.dh0 = a->dh0 ? dsl : nullptr;   /* dsl is free again: the view's dh0 rows */
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
     PHASE(1);
     if (p.N > 0) {
         const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
@@ -133,7 +221,7 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
     }
     PHASE(3);
     const Scr o = local ? local_scr(K) : scr_layout(K, V);
-    const int64_t gs = group_slots(pl);
+    const int64_t gs = group_slots(&view);
     for (int64_t s0 = 0; s0 < ns; s0 += gs) {
         const int64_t s1 = s0 + gs < ns ? s0 + gs : ns;
         Grp G;
@@ -149,6 +237,10 @@ cudaError_t run(const gdn_plan *pl, const BwdArgs &p, const WsLayout &wl, char *
     }
     if (p.flags & GDN_GATE_FUSED) {
         dparam_launch(p, st);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if (wl.sc && a->dh0) {
+        seg_dh0_launch(sv, p.dh0, a->dh0, st);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
 #ifdef GDN_BWD_PROFILE
@@ -194,13 +286,20 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
     BwdArgs p = args_of(pl, a);
     const WsLayout wl = ws_layout(pl);
     char *w = static_cast<char *>(ws);
+    if (wl.sc) {   /* the split's view: its segments as the sequences */
+        gdn_plan view = *pl;
+        view.N = wl.Ns;
+        p.cu = reinterpret_cast<const int64_t *>(w + wl.scu);
+        p.N = wl.Ns;
+        p.nslots = nslots_of(&view);
+    }
     p.slot_row0 = reinterpret_cast<int64_t *>(w);
     p.slot_c = reinterpret_cast<int *>(w + wl.info_c);
     p.rec = reinterpret_cast<float *>(w + wl.rec);
     p.states = reinterpret_cast<float *>(w + wl.states);
     p.dstates = reinterpret_cast<float *>(w + wl.dstates);
     p.part = reinterpret_cast<double *>(w + wl.part);
-    const cudaError_t e = run(pl, p, wl, w, (cudaStream_t)stream);
+    const cudaError_t e = run(pl, a, p, wl, w, (cudaStream_t)stream);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk backward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
@@ -209,7 +308,7 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
  * sweep only, no dstates kept: dh0 from dht through the sequences (those of
  * the plan, or of cu_dev: the plan's N sequences on the device) */
 extern "C" size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *pl) {
-    const WsLayout wl = ws_layout(pl);
+    const WsLayout wl = ws_layout(pl, false);
     return wl.states;   /* the slot table and the records come first */
 }
 
@@ -219,7 +318,7 @@ extern "C" gdn_status gdn_cuda_chunk_dstate(const gdn_plan *pl, const gdn_bwd_ar
     if (cu_dev) p.cu = cu_dev;
     p.rstd_q = rstd_q;
     p.rstd_k = rstd_k;
-    const WsLayout wl = ws_layout(pl);
+    const WsLayout wl = ws_layout(pl, false);
     char *w = static_cast<char *>(ws);
     p.slot_row0 = reinterpret_cast<int64_t *>(w);
     p.slot_c = reinterpret_cast<int *>(w + wl.info_c);

@@ -400,6 +400,21 @@ template <bool SPLIT> struct GDN_CBWD_HIDDEN LocalPass {
     static void launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
 };
 GDN_CBWD_HIDDEN void dparam_launch(const BwdArgs &p, cudaStream_t st);
+/* chunk_bwd_split.cu: the sequence split's segmented view (N sequences of
+ * the caller cut into Ns segments of sc chunks) and its folds */
+struct SegView {
+    const int64_t *cu;            /* the caller's cu_seqlens_dev, or NULL: N sequences of T */
+    int64_t T, N, Ns;
+    int sc, HV, K, V;
+    unsigned flags;
+    int64_t *scu, *sseq, *first;  /* the view's cu_seqlens [Ns+1], sequence of each segment [Ns], first segment of each sequence [N+1] */
+    const float *seg_p, *seg_s;   /* the forward's pass 1: each segment's map (chunk_fwd.cu slots) */
+};
+GDN_CBWD_HIDDEN void seg_table_launch(const SegView &v, cudaStream_t st);
+GDN_CBWD_HIDDEN void seg_h0_launch(const SegView &v, const float *h0, float *h0s, cudaStream_t st);
+GDN_CBWD_HIDDEN void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st);
+GDN_CBWD_HIDDEN void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, cudaStream_t st);
+GDN_CBWD_HIDDEN void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st);
 
 }  // namespace cbwd
 }  // namespace gdn

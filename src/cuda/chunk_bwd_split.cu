@@ -1,0 +1,160 @@
+/* CUDA chunk backward, the sequence split (DESIGN §8) for long sequences with
+ * few heads: each sequence is cut into segments of sc chunks that the
+ * backward then treats as sequences of their own (a segmented view: its own
+ * cu_seqlens, slots, h0 and dht rows), so both sweeps walk the segments at
+ * once. What a segment needs from the others:
+ *   h0 row   the state entering it: the forward's pass 1 gives each
+ *            segment's map (P, S_loc; chunk_fwd.cu), folded in order from
+ *            the sequence's h0 (seg_h0_kernel);
+ *   dht row  the state gradient leaving it: a first reverse sweep over the
+ *            segments (each from zero, the last from the sequence's dht)
+ *            gives each one's dS at its start, carried back through the
+ *            segments' P^T (seg_dht_kernel).
+ * This file: the view's tables, those folds, and dh0 back to the sequences;
+ * the host side is in chunk_bwd.cu. */
+#include "cuda/chunk_bwd.cuh"
+
+namespace gdn {
+namespace cbwd {
+namespace {
+
+constexpr int SW = 16;   /* state columns per fold block */
+
+/* sequence n of the caller's view */
+__device__ __forceinline__ void orig_range(const SegView &v, int64_t n, int64_t *bos, int64_t *len) {
+    *bos = v.cu ? v.cu[n] : n * v.T;
+    *len = v.cu ? v.cu[n + 1] - *bos : v.T;
+}
+
+/* the tables, by one thread (sequences in order; a few thousand steps) */
+__global__ void seg_table_kernel(SegView v) {
+    int64_t at = 0;
+    for (int64_t n = 0; n < v.N; n++) {
+        int64_t bos, len;
+        orig_range(v, n, &bos, &len);
+        const int64_t L = (int64_t)v.sc * CC, m = len > 0 ? (len + L - 1) / L : 1;
+        v.first[n] = at;
+        for (int64_t s = 0; s < m; s++, at++) {
+            v.scu[at] = bos + s * L;
+            v.sseq[at] = n;
+        }
+    }
+    v.first[v.N] = at;
+    int64_t end = 0, bos, len;
+    if (v.N > 0) { orig_range(v, v.N - 1, &bos, &len); end = bos + len; }
+    v.scu[at] = end;
+}
+
+/* element (i, c) of state row r ([rows][HV][K][V] in the layout of flags) */
+__device__ __forceinline__ int64_t st_at(const SegView &v, int64_t r, int j, int i, int c) {
+    return ((r * v.HV + j) * v.K) * (int64_t)v.V + ((v.flags & GDN_STATE_V_FIRST) ? (int64_t)c * v.K + i : (int64_t)i * v.V + c);
+}
+
+/* the forward's segment slot of segment s of sequence n (chunk_fwd.cuh state_in) */
+__device__ __forceinline__ int64_t fwd_slot(const SegView &v, int64_t n, int64_t s) {
+    int64_t bos, len;
+    orig_range(v, n, &bos, &len);
+    return bos / ((int64_t)CC * v.sc) + n + s;
+}
+
+/* h0 rows of the view: block per (sequence, value head, 16 columns), the
+ * segments in order: x <- P x + S_loc from the sequence's h0 (or zero) */
+__global__ void __launch_bounds__(256) seg_h0_kernel(SegView v, const float *h0, float *h0s) {
+    extern __shared__ float sx[];
+    float *xn = sx + v.K * SW;
+    const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
+    const int64_t n = blockIdx.x / (nsl * v.HV);
+    const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
+    const bool ok = vc < V;
+    const int64_t f = v.first[n], m = v.first[n + 1] - f;
+    for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = ok && h0 ? h0[st_at(v, n, j, i, vc)] : 0.f;
+    __syncthreads();
+    for (int64_t s = 0; s < m; s++) {
+        for (int i = threadIdx.x / SW; i < K && ok; i += blockDim.x / SW) h0s[st_at(v, f + s, j, i, vc)] = sx[i * SW + c];
+        if (s + 1 == m) break;
+        const int64_t slot = fwd_slot(v, n, s);
+        const float *P = v.seg_p + (slot * v.HV + j) * (int64_t)K * K, *S = v.seg_s + (slot * v.HV + j) * (int64_t)K * V;
+        for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) {
+            float acc = ok ? S[(int64_t)i * V + vc] : 0.f;
+#pragma unroll 8
+            for (int k = 0; k < K; k++) acc += P[(int64_t)i * K + k] * sx[k * SW + c];
+            xn[i * SW + c] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
+        __syncthreads();
+    }
+}
+
+/* dht rows of the view before the first reverse sweep: the sequence's dht
+ * for its last segment, zero for the others */
+__global__ void seg_dht_init_kernel(SegView v, const float *dht, float *dhts) {
+    const int64_t per = (int64_t)v.HV * v.K * v.V, n_all = v.first[v.N] * per;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n_all; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / per, n = v.sseq[r];
+        dhts[e] = (dht && r + 1 == v.first[n + 1]) ? dht[n * per + e % per] : 0.f;
+    }
+}
+
+/* dht rows after it: block per (sequence, value head, 16 columns), from the
+ * last segment back: D(last) = dht (kept), D(s) = dS at the start of
+ * segment s + 1 = P_{s+1}^T D(s+1) + dS_loc(s+1), where dS_loc is the first
+ * sweep's (from zero, the last segment's from dht: D(last-1) = dS_loc(last)) */
+__global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *dsl, float *dhts) {
+    extern __shared__ float sx[];
+    float *xn = sx + v.K * SW;
+    const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
+    const int64_t n = blockIdx.x / (nsl * v.HV);
+    const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
+    const bool ok = vc < V;
+    const int64_t f = v.first[n], m = v.first[n + 1] - f;
+    if (m < 2) return;
+    for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = ok ? dsl[st_at(v, f + m - 1, j, i, vc)] : 0.f;
+    __syncthreads();
+    for (int64_t s = m - 2; s >= 0; s--) {
+        for (int i = threadIdx.x / SW; i < K && ok; i += blockDim.x / SW) dhts[st_at(v, f + s, j, i, vc)] = sx[i * SW + c];
+        if (s == 0) break;
+        const float *P = v.seg_p + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K;
+        for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) {
+            float acc = ok ? dsl[st_at(v, f + s, j, i, vc)] : 0.f;
+#pragma unroll 8
+            for (int k = 0; k < K; k++) acc += P[(int64_t)k * K + i] * sx[k * SW + c];
+            xn[i * SW + c] = acc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
+        __syncthreads();
+    }
+}
+
+/* dh0 of sequence n: the view's dh0 row of its first segment */
+__global__ void seg_dh0_kernel(SegView v, const float *dh0s, float *dh0) {
+    const int64_t per = (int64_t)v.HV * v.K * v.V, n_all = v.N * per;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n_all; e += (int64_t)gridDim.x * blockDim.x)
+        dh0[e] = dh0s[v.first[e / per] * per + e % per];
+}
+
+unsigned grid_of(int64_t n) { return (unsigned)((n + 255) / 256 < 8192 ? (n + 255) / 256 : 8192); }
+
+}  // namespace
+
+void seg_table_launch(const SegView &v, cudaStream_t st) { seg_table_kernel<<<1, 1, 0, st>>>(v); }
+
+void seg_h0_launch(const SegView &v, const float *h0, float *h0s, cudaStream_t st) {
+    seg_h0_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), 256, 2 * v.K * SW * sizeof(float), st>>>(v, h0, h0s);
+}
+
+void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st) {
+    seg_dht_init_kernel<<<grid_of(v.Ns * v.HV * (int64_t)v.K * v.V), 256, 0, st>>>(v, dht, dhts);
+}
+
+void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, cudaStream_t st) {
+    seg_dht_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), 256, 2 * v.K * SW * sizeof(float), st>>>(v, dsl, dhts);
+}
+
+void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st) {
+    seg_dh0_kernel<<<grid_of(v.N * v.HV * (int64_t)v.K * v.V), 256, 0, st>>>(v, dh0s, dh0);
+}
+
+}  // namespace cbwd
+}  // namespace gdn
