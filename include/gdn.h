@@ -304,6 +304,26 @@ gdn_status gdn_cp_fwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_
 gdn_status gdn_cp_bwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
                            const float *maps, float *dS_out);
 
+/* Steps 5 and 8 with the work they share done once (the same results as
+ * gdn_cp_bwd_map, then gdn_chunk_bwd with dS_out added to dht row N-1):
+ *   5'. gdn_cp_bwd_begin(ex, cfg, cp, &ba, map, bmap)   as gdn_cp_bwd_map, but
+ *       saved is required where GDN_QK_L2NORM is set, and the workspace
+ *       (gdn_cp_bwd_workspace_size() bytes) keeps what step 8' reuses
+ *   6, 7 as above
+ *   8'. gdn_cp_bwd_finish(ex, cfg, cp, &ba, dS_out)      the backward of step 8
+ *       with every argument of gdn_chunk_bwd (h0 as in step 4, dht as in step
+ *       5' before any change, the outputs) and the same workspace, untouched
+ *       since 5'; dS_out: step 7's result (read where last_continues = 1).
+ * On CUDA, where the local backward cuts its sequences into segments (long
+ * sequences with few heads, bf16 / f16), its first reverse pass is the
+ * backward map's work, so 5' + 8' cost about the backward alone; elsewhere
+ * (and on the CPU) they are the map and the backward. */
+size_t gdn_cp_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp);
+gdn_status gdn_cp_bwd_begin(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                            const gdn_bwd_args *a, const float *fwd_map, float *bmap);
+gdn_status gdn_cp_bwd_finish(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                             const gdn_bwd_args *a, const float *dS_out);
+
 /* ---- standalone pieces (for the recurrent path) ------------------------- */
 
 /* g = -exp(A_log[j]) * softplus(a + dt_bias[j]) over a [rows, HV]; g is f32.

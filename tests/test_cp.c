@@ -9,7 +9,8 @@
  * sequence edges, h0 / ht / dht, GVA, every dtype and state layout, segment
  * cuts of a rank's span (seq_split). Every output, map and workspace is
  * poisoned with NaN first; the whole flow runs with 1 and 2 threads and
- * must give the same bits. With a CUDA device, every map and scan call of
+ * must give the same bits, one of the two runs taking steps 5 and 8 as
+ * gdn_cp_bwd_begin / gdn_cp_bwd_finish (the same bits again). With a CUDA device, every map and scan call of
  * the flow also runs on the CUDA backend (device copies of the same
  * arguments, NaN-poisoned outputs and workspace) and must match the CPU's
  * result: the maps within twice the forward (backward) bound, as two
@@ -403,10 +404,14 @@ static void run_case(const cpcase *tc) {
             check(e <= bound_fwd(dt), ctx, "S_in of rank %d (the maps) vs ht row N-1 of rank %d (its gdn_chunk_fwd): "
                   "rel error %.3e (bound %.0e)", r + 1, r, e, bound_fwd(dt));
         }
-        /* backward, step 5: every rank's map (half the cases reuse the forward map's P) */
+        /* backward, step 5: every rank's map (half the cases reuse the forward map's P); every other
+         * run as gdn_cp_bwd_begin, whose workspace step 8 (gdn_cp_bwd_finish) takes again */
+        const int pair = (int)((idx + run) % 2);
+        void *pws[MAXR] = {NULL};
+        size_t pwsb[MAXR] = {0};
         for (int r = 0; r < R && ok_all; r++) {
             const int64_t s = rv[r].s;
-            const size_t wsb = gdn_cp_bwd_map_workspace_size(&ex, &lc[r], &cp[r]);
+            const size_t wsb = pair ? gdn_cp_bwd_workspace_size(&ex, &lc[r], &cp[r]) : gdn_cp_bwd_map_workspace_size(&ex, &lc[r], &cp[r]);
             void *ws = t_alloc(wsb);
             t_poison_nan(GDN_F32, ws, wsb / 4);
             const size_t svb = gdn_chunk_saved_size(&lc[r]);
@@ -415,12 +420,16 @@ static void run_case(const cpcase *tc) {
             b.q = OFF(q.p, s, H * K, dsz); b.k = OFF(k.p, s, H * K, dsz); b.v = OFF(v.p, s, HV * V, dsz);
             b.g = has_g ? OFF(g.p, s, HV, gsz) : NULL; b.beta = OFF(beta.p, s, HV, gsz);
             b.A_log = fused ? A_log : NULL; b.dt_bias = fused ? dt_bias : NULL;
-            b.saved = (idx + r) % 3 == 2 ? NULL : lsaved[r]; b.saved_bytes = svb;
+            b.saved = (idx + r) % 3 == 2 && !pair ? NULL : lsaved[r]; b.saved_bytes = svb;
             b.dout = OFF(dout.p, s, HV * V, dsz); b.dht = ldht[r];
             b.workspace = ws; b.workspace_bytes = wsb;
-            st = gdn_cp_bwd_map(&ex, &lc[r], &cp[r], &b, (idx + r) % 2 ? fmaps_keep + r * mfl : NULL, bmaps + r * mfl);
-            ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_cp_bwd_map: %s (%s)", r, gdn_status_string(st), gdn_last_error());
-            free(ws);
+            const float *fm = (idx + r) % 2 ? fmaps_keep + r * mfl : NULL;
+            st = pair ? gdn_cp_bwd_begin(&ex, &lc[r], &cp[r], &b, fm, bmaps + r * mfl)
+                      : gdn_cp_bwd_map(&ex, &lc[r], &cp[r], &b, fm, bmaps + r * mfl);
+            ok_all &= check(st == GDN_OK, ctx, "rank %d %s: %s (%s)", r, pair ? "gdn_cp_bwd_begin" : "gdn_cp_bwd_map",
+                            gdn_status_string(st), gdn_last_error());
+            if (pair) { pws[r] = ws; pwsb[r] = wsb; }
+            else free(ws);
 #ifdef GDN_HAVE_CUDA
             if (twin_on && st == GDN_OK) {
                 const size_t wsd = gdn_cp_bwd_map_workspace_size(&tw.ex, &lcd[r], &cp[r]);
@@ -438,7 +447,16 @@ static void run_case(const cpcase *tc) {
                 if (ran(ctx, gdn_cp_bwd_map(&tw.ex, &lcd[r], &cp[r], &bd, fmd, bmd)))
                     twin_close(ctx, fmd ? "backward map (P given)" : "backward map", r, bmd, bmaps + r * mfl, HV, (size_t)K * K,
                                (size_t)K * V, 2 * bound_grad(dt));
-                cudaFree(wb_); cudaFree(ob_); cudaFree(svd); cudaFree(dhtd); cudaFree(fmd);
+                cudaFree(wb_);
+                /* the same map as the first part of the local backward (saved required there) */
+                void *svd2 = dput(lsaved[r], svb), *wb2_;
+                const size_t wsd2 = gdn_cp_bwd_workspace_size(&tw.ex, &lcd[r], &cp[r]);
+                bd.saved = svd2; bd.workspace = dnan_at(GDN_F32, wsd2 / 4 + 1, 0, &wb2_); bd.workspace_bytes = wsd2;
+                cudaMemset(bmd, 0xff, mfl * 4);
+                if (ran(ctx, gdn_cp_bwd_begin(&tw.ex, &lcd[r], &cp[r], &bd, fmd, bmd)))
+                    twin_close(ctx, fmd ? "gdn_cp_bwd_begin's map (P given)" : "gdn_cp_bwd_begin's map", r, bmd, bmaps + r * mfl,
+                               HV, (size_t)K * K, (size_t)K * V, 2 * bound_grad(dt));
+                cudaFree(wb2_); cudaFree(svd2); cudaFree(ob_); cudaFree(svd); cudaFree(dhtd); cudaFree(fmd);
             }
 #endif
         }
@@ -457,11 +475,11 @@ static void run_case(const cpcase *tc) {
                 cudaFree(mapsd); cudaFree(ob_);
             }
 #endif
-            if (rv[r].last)
+            if (rv[r].last && !pair)
                 for (size_t x = 0; x < sst; x++) ldht[r][(rv[r].N - 1) * sst + x] += dSo[x];
-            const size_t svb = gdn_chunk_saved_size(&lc[r]), wsb = gdn_chunk_bwd_workspace_size(&ex, &lc[r]);
-            void *ws = t_alloc(wsb);
-            t_poison_nan(GDN_F32, ws, wsb / 4);
+            const size_t svb = gdn_chunk_saved_size(&lc[r]), wsb = pair ? pwsb[r] : gdn_chunk_bwd_workspace_size(&ex, &lc[r]);
+            void *ws = pair ? pws[r] : t_alloc(wsb);
+            if (!pair) t_poison_nan(GDN_F32, ws, wsb / 4);
             float *ldh0 = t_alloc(rv[r].N * sst * 4), lA[64], lddt[64];
             t_poison_nan(GDN_F32, ldh0, rv[r].N * sst);
             gdn_bwd_args b;
@@ -474,8 +492,9 @@ static void run_case(const cpcase *tc) {
             b.dv = OFF(gr_cp[run][2], s, HV * V, dsz); b.dg = has_g ? OFF(gr_cp[run][3], s, HV, gsz) : NULL;
             b.dbeta = OFF(gr_cp[run][4], s, HV, gsz); b.dA_log = fused ? lA : NULL; b.ddt_bias = fused ? lddt : NULL;
             b.dh0 = ldh0; b.workspace = ws; b.workspace_bytes = wsb;
-            st = gdn_chunk_bwd(&ex, &lc[r], &b);
-            ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_chunk_bwd: %s (%s)", r, gdn_status_string(st), gdn_last_error());
+            st = pair ? gdn_cp_bwd_finish(&ex, &lc[r], &cp[r], &b, rv[r].last ? dSo : NULL) : gdn_chunk_bwd(&ex, &lc[r], &b);
+            ok_all &= check(st == GDN_OK, ctx, "rank %d %s: %s (%s)", r, pair ? "gdn_cp_bwd_finish" : "gdn_chunk_bwd",
+                            gdn_status_string(st), gdn_last_error());
             if (fused)
                 for (int j = 0; j < HV; j++) { dA_cp[run][j] += lA[j]; ddt_cp[run][j] += lddt[j]; }
             for (int64_t i = 0; i < rv[r].N; i++)
@@ -588,14 +607,19 @@ static void bad_input(void) {
     ba0.dout = in; ba0.dht = in; ba0.workspace = ws; ba0.workspace_bytes = big * 4;
     const size_t mfl = gdn_cp_map_floats(&c0);
     char ctx[256];
-    for (int op = 0; op < 4; op++) {
-        static const char *opn[4] = {"cp_fwd_map", "cp_bwd_map", "cp_fwd_scan", "cp_bwd_scan"};
+    for (int op = 0; op < 6; op++) {
+        static const char *opn[6] = {"cp_fwd_map", "cp_bwd_map", "cp_fwd_scan", "cp_bwd_scan", "cp_bwd_begin", "cp_bwd_finish"};
         for (int m = 0; m < 17; m++) {
             gdn_config c = c0;
             gdn_cp_config cp = cp0;
             gdn_exec ex = ex0;
             gdn_fwd_args fa = fa0;
             gdn_bwd_args ba = ba0;
+            if (op == 5) {   /* gdn_chunk_bwd's arguments: the outputs in the watched buffer */
+                ba.dq = ba.dk = ba.dv = ba.dg = ba.dbeta = map;
+                ba.dA_log = ba.ddt_bias = ba.dh0 = map;
+            }
+            if (op >= 4) { ba.saved = in; ba.saved_bytes = gdn_chunk_saved_size(&c0); }
             const gdn_config *cfgp = &c;
             const gdn_cp_config *cpp = &cp;
             float *out = map;
@@ -617,20 +641,23 @@ static void bad_input(void) {
             case 9: cfgp = NULL; expect = 1u << GDN_ERR_NULL; what = "cfg NULL"; must = NULL; break;
             case 10: ex.backend = GDN_BACKEND_CUDA;
                      expect = (1u << GDN_ERR_UNSUPPORTED) | (1u << GDN_ERR_BACKEND); what = "CUDA backend"; must = NULL; break;
-            case 11: if (op >= 2) { mp = NULL; must = "maps"; } else { out = NULL; must = op ? "bmap" : "map"; }
-                     expect = 1u << GDN_ERR_NULL; what = "maps / map NULL"; break;
-            case 12: if (op >= 2) { out = NULL; must = op == 2 ? "S_in" : "dS_out"; }
+            case 11: if (op == 2 || op == 3) { mp = NULL; must = "maps"; }
+                     else if (op == 5) { mp = NULL; must = "dS_out"; }
+                     else { out = NULL; must = op ? "bmap" : "map"; }
+                     expect = 1u << GDN_ERR_NULL; what = "maps / map / dS_out NULL"; break;
+            case 12: if (op == 2 || op == 3) { out = NULL; must = op == 2 ? "S_in" : "dS_out"; }
                      else if (op == 0) { fa.q = NULL; must = "q"; } else { ba.dout = NULL; must = "dout"; }
                      expect = 1u << GDN_ERR_NULL; what = "S_in / dS_out / q / dout NULL"; break;
             case 13: if (op == 0) fa.workspace_bytes = gdn_cp_fwd_map_workspace_size(&ex, &c, &cp) - 1;
                      else if (op == 1) ba.workspace_bytes = gdn_cp_bwd_map_workspace_size(&ex, &c, &cp) - 1;
+                     else if (op >= 4) ba.workspace_bytes = gdn_cp_bwd_workspace_size(&ex, &c, &cp) - 1;
                      else continue;
                      expect = 1u << GDN_ERR_WORKSPACE; what = "workspace one byte too small"; must = "workspace_bytes"; break;
-            case 14: if (op == 0) fa.A_log = NULL; else if (op == 1) ba.A_log = NULL; else continue;
+            case 14: if (op == 0) fa.A_log = NULL; else if (op == 1 || op >= 4) ba.A_log = NULL; else continue;
                      expect = 1u << GDN_ERR_NULL; what = "A_log NULL with GATE_FUSED"; must = "A_log"; break;
-            case 15: if (op == 0) fa.workspace = NULL; else if (op == 1) ba.workspace = NULL; else continue;
+            case 15: if (op == 0) fa.workspace = NULL; else if (op == 1 || op >= 4) ba.workspace = NULL; else continue;
                      expect = (1u << GDN_ERR_NULL) | (1u << GDN_ERR_WORKSPACE); what = "workspace NULL"; must = "workspace"; break;
-            case 16: if (op != 1) continue;
+            case 16: if (op != 1 && op < 4) continue;
                      ba.saved = ws; ba.saved_bytes = 4;
                      expect = 1u << GDN_ERR_WORKSPACE; what = "saved_bytes too small"; must = "saved_bytes"; break;
             default: continue;
@@ -643,7 +670,9 @@ static void bad_input(void) {
             case 0: st = gdn_cp_fwd_map(&ex, cfgp, cpp, &fa, out); break;
             case 1: st = gdn_cp_bwd_map(&ex, cfgp, cpp, &ba, NULL, out); break;
             case 2: st = gdn_cp_fwd_scan(&ex, cfgp, cpp, mp, out); break;
-            default: st = gdn_cp_bwd_scan(&ex, cfgp, cpp, mp, out); break;
+            case 3: st = gdn_cp_bwd_scan(&ex, cfgp, cpp, mp, out); break;
+            case 4: st = gdn_cp_bwd_begin(&ex, cfgp, cpp, &ba, NULL, out); break;
+            default: st = gdn_cp_bwd_finish(&ex, cfgp, cpp, &ba, mp); break;
             }
             snprintf(ctx, sizeof ctx, "op=%s backend=cpu bad input: %s", opn[op], what);
             const char *msg = gdn_last_error();

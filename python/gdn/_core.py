@@ -222,6 +222,15 @@ def chunk_bwd(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_seqlens_cpu, 
 
     saved: what chunk_fwd(want_saved=True) returned; None recomputes it (one more forward)."""
     r = Rule(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_seqlens_cpu, scale, flags)
+    ws_n = capi.chunk_bwd_workspace_size(r.ctx.ex, r.cfg)
+    args, outs, _keep = bwd_call(r, saved, do, dht, flags, want_ddt_bias, want_dh0, ws_n)
+    capi.chunk_bwd(r.ctx.ex, r.cfg, args)
+    return outs
+
+
+def bwd_call(r, saved, do, dht, flags, want_ddt_bias, want_dh0, ws_n):
+    """The gdn_bwd_args of a backward on Rule r with its outputs allocated and a workspace of ws_n
+    bytes: (args, (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0), what must outlive the call)."""
     ctx, cfg = r.ctx, r.cfg
     B, T, H, HV, K, V = r.dims
     do = ctx.arg(do, "do", (B, T, HV, V), r.code)
@@ -230,21 +239,19 @@ def chunk_bwd(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_seqlens_cpu, 
     if saved_n and saved is None:
         _, _, saved = _fwd(r, False, True, False)
     fused = bool(flags & capi.GATE_FUSED)
-    dq, dk, dv = ctx.empty(q.shape, r.code), ctx.empty(k.shape, r.code), ctx.empty(v.shape, r.code)
+    dq, dk, dv = ctx.empty(r.q.shape, r.code), ctx.empty(r.k.shape, r.code), ctx.empty(r.v.shape, r.code)
     dg = ctx.empty((B, T, HV), r.gcode) if r.g is not None else None
     dbeta = ctx.empty((B, T, HV), r.gcode)
     dA = ctx.empty((HV,), capi.F32) if fused else None
     ddt = ctx.empty((HV,), capi.F32) if fused and want_ddt_bias else None
     dh0 = ctx.empty(r.state_shape, capi.F32) if want_dh0 else None
-    ws_n = capi.chunk_bwd_workspace_size(ctx.ex, cfg)
     ws = ctx.bytes(ws_n)
     args = capi.BwdArgs(q=ptr(r.q), k=ptr(r.k), v=ptr(r.v), g=ptr(r.g), beta=ptr(r.beta), A_log=ptr(r.A_log),
                         dt_bias=ptr(r.dt_bias), h0=ptr(r.h0), saved=ptr(saved) if saved_n else None,
                         saved_bytes=saved_n, dout=ptr(do), dht=ptr(dht), dq=ptr(dq), dk=ptr(dk), dv=ptr(dv),
                         dg=ptr(dg), dbeta=ptr(dbeta), dA_log=ptr(dA), ddt_bias=ptr(ddt), dh0=ptr(dh0),
                         workspace=ptr(ws), workspace_bytes=ws_n)
-    capi.chunk_bwd(ctx.ex, cfg, args)
-    return dq, dk, dv, dg, dbeta, dA, ddt, dh0
+    return args, (dq, dk, dv, dg, dbeta, dA, ddt, dh0), (do, dht, saved, ws)
 
 
 # ---- causal conv1d ----

@@ -211,30 +211,24 @@ class _RuleCP(torch.autograd.Function):
         dht = dht.contiguous() if ctx.want_ht and dht is not None and dht.numel() else None
         rule = _core.Rule(q, k, v, g, beta, A_log, dt_bias, h0_loc, cu, None, ctx.scale, ctx.flags)
         ex, cfg, cpcfg = rule.ctx.ex, rule.cfg, cpc.cp_config()
-        # 5. this rank's backward map (the forward map's P reused), 6. the all-gather
-        mf = capi.cp_map_floats(cfg)
-        ws_n = capi.cp_bwd_map_workspace_size(ex, cfg, cpcfg)
-        ws = rule.ctx.bytes(ws_n)
+        # 5. this rank's backward map (the forward map's P reused), begun as the first part of the
+        # local backward (gdn_cp_bwd_begin: their shared work done once), 6. the all-gather
+        want_dh0 = bool(need[7] and ctx.has_h0)
+        ws_n = capi.cp_bwd_workspace_size(ex, cfg, cpcfg)
+        args, outs, keep = _core.bwd_call(rule, saved if saved.numel() else None, do, dht, ctx.flags,
+                                          bool(need[6] and dt_bias is not None), want_dh0, ws_n)
         dev = q.device
-        bmap = torch.empty(mf, dtype=torch.float32, device=dev)
-        saved_n = saved.numel()
-        capi.cp_bwd_map(ex, cfg, cpcfg, capi.BwdArgs(q=ptr(q), k=ptr(k), v=ptr(v), g=ptr(g), beta=ptr(beta),
-                                                     A_log=ptr(A_log), dt_bias=ptr(dt_bias),
-                                                     saved=ptr(saved) if saved_n else None, saved_bytes=saved_n,
-                                                     dout=ptr(do), dht=ptr(dht), workspace=ptr(ws),
-                                                     workspace_bytes=ws_n), ptr(fmap), ptr(bmap))
+        bmap = torch.empty(capi.cp_map_floats(cfg), dtype=torch.float32, device=dev)
+        capi.cp_bwd_begin(ex, cfg, cpcfg, args, ptr(fmap), ptr(bmap))
         bmaps = _all_gather(bmap, cpc)
-        # 7. the reverse scan: the state gradient at this rank's end; 8. the regular backward
-        dht_loc = dht
+        # 7. the reverse scan: the state gradient at this rank's end; 8. the local backward finished with it
+        dS_out = None
         if cpc.last_continues:
             dS_out = torch.empty(rule.state_shape[1:], dtype=torch.float32, device=dev)
             capi.cp_bwd_scan(ex, cfg, cpcfg, ptr(bmaps), ptr(dS_out))
-            dht_loc = dht.clone() if dht is not None else torch.zeros(rule.state_shape, dtype=torch.float32, device=dev)
-            dht_loc[-1] += dS_out
-        want_dh0 = bool(need[7] and ctx.has_h0)
-        dq, dk, dv, dg, dbeta, dA, ddt, dh0 = _core.chunk_bwd(
-            q, k, v, g, beta, A_log, dt_bias, h0_loc, cu, None, saved if saved_n else None, do, dht_loc, ctx.scale,
-            ctx.flags, want_ddt_bias=bool(need[6] and dt_bias is not None), want_dh0=want_dh0)
+        capi.cp_bwd_finish(ex, cfg, cpcfg, args, ptr(dS_out))
+        del keep
+        dq, dk, dv, dg, dbeta, dA, ddt, dh0 = outs
         if want_dh0 and cpc.first_continues:
             dh0[0] = 0   # row 0 was the incoming state, not read from initial_state
         fused = bool(ctx.flags & capi.GATE_FUSED)

@@ -170,7 +170,7 @@ gdn_status gdn_recurrent_fwd(const gdn_exec *ex, const gdn_config *cfg, const gd
 
 /* ---- backward ---- */
 
-gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bwd_args *a) {
+gdn_status gdn_chunk_bwd_check(const gdn_exec *ex, const gdn_config *cfg, const gdn_bwd_args *a, gdn_plan *pp) {
     gdn_plan p;
     gdn_status s = make_plan(ex, cfg, &p);
     if (s) return s;
@@ -189,14 +189,22 @@ gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bw
         CHECK(a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
               a->saved_bytes, sv);
     }
+    CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p.c.cu_seqlens || p.c.cu_seqlens_dev, GDN_ERR_NULL,
+          "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
+    if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA && (s = gdn_cuda_align_bwd(ex, &p, a))) return s;
+    *pp = p;
+    return GDN_OK;
+}
+
+gdn_status gdn_chunk_bwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_bwd_args *a) {
+    gdn_plan p;
+    gdn_status s = gdn_chunk_bwd_check(ex, cfg, a, &p);
+    if (s) return s;
     size_t need = chunk_bwd_ws(ex, &p);
     CHECK(need == 0 || a->workspace, GDN_ERR_NULL, "workspace is NULL but %zu bytes are needed", need);
     CHECK(a->workspace_bytes >= need, GDN_ERR_WORKSPACE, "workspace_bytes (%zu) is less than the %zu bytes needed",
           a->workspace_bytes, need);
-    CHECK(gdn_exec_backend(ex) != GDN_BACKEND_CUDA || !p.c.cu_seqlens || p.c.cu_seqlens_dev, GDN_ERR_NULL,
-          "cu_seqlens_dev is NULL but required (CUDA backend with cu_seqlens)");
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
-        if ((s = gdn_cuda_align_bwd(ex, &p, a))) return s;
 #ifdef GDN_HAVE_CUDA
         if ((s = gdn_cuda_chunk_bwd(&p, a, a->workspace, ex->stream))) return s;
         return gdn_ok();

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "api/api.h"
 #include "cpu/cp.h"
+#include "cpu/cpu_backend.h"
 #ifdef GDN_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -172,4 +173,92 @@ gdn_status gdn_cp_fwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_
 gdn_status gdn_cp_bwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const float *maps,
                            float *dS_out) {
     return scan_call(ex, cfg, cp, maps, dS_out, 1);
+}
+
+/* ---- steps 5 and 8 with their work shared ---- */
+
+/* CPU: the map's workspace, or [dht + dS_out: N*HV*K*V floats][the backward's] */
+static size_t pair_cpu_ws(const gdn_plan *p, const gdn_cp_config *cp) {
+    const size_t dht = ((size_t)p->N * p->c.HV * p->c.K * p->c.V * sizeof(float) + 255) / 256 * 256;
+    const size_t m = gdn_cpu_cp_bwd_map_ws(p, cp), f = dht + gdn_cpu_chunk_bwd_ws(p);
+    return m > f ? m : f;
+}
+
+static size_t pair_ws(const gdn_exec *ex, const gdn_plan *p, const gdn_cp_config *cp) {
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) return gdn_cuda_cp_bwd_ws(p, cp);
+#else
+    (void)ex;
+#endif
+    return pair_cpu_ws(p, cp);
+}
+
+size_t gdn_cp_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp) {
+    gdn_plan p;
+    if (cp_plan(ex, cfg, cp, &p)) return 0;
+    gdn_ok();
+    return pair_ws(ex, &p, cp);
+}
+
+gdn_status gdn_cp_bwd_begin(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const gdn_bwd_args *a,
+                            const float *fwd_map, float *bmap) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    NEED(a, "");
+    NEED(bmap, " (gdn_cp_map_floats() floats)");
+    const unsigned f = p.c.flags;
+    if (p.c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->dout, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    const size_t sv = gdn_saved_bytes(&p.c);
+    if (sv && p.c.T > 0) {   /* as gdn_cp_bwd_finish (gdn_chunk_bwd) will want it */
+        NEED(a->saved, " (GDN_QK_L2NORM is set: pass what gdn_chunk_fwd saved)");
+        CHECK(a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
+              a->saved_bytes, sv);
+    }
+    CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
+    if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, pair_ws(ex, &p, cp)))) return s;
+    if (on_cuda(ex) && (s = gdn_cuda_align_bwd(ex, &p, a))) return s;
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_bwd_begin(&p, cp, a, fwd_map, bmap, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
+    gdn_cpu_cp_bwd_map(&p, cp, a, fwd_map, bmap);
+    return gdn_ok();
+}
+
+gdn_status gdn_cp_bwd_finish(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const gdn_bwd_args *a,
+                             const float *dS_out) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    if ((s = gdn_chunk_bwd_check(ex, cfg, a, &p))) return s;
+    if (cp->last_continues) NEED(dS_out, " (cp->last_continues is 1: gdn_cp_bwd_scan's result)");
+    if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, pair_ws(ex, &p, cp)))) return s;
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_bwd_finish(&p, cp, a, dS_out, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
+    /* CPU: the whole backward with dS_out added to dht row N-1, in the workspace */
+    const size_t per = (size_t)p.c.HV * p.c.K * p.c.V, dbytes = (p.N * per * sizeof(float) + 255) / 256 * 256;
+    float *dht = (float *)a->workspace;
+    gdn_bwd_args b = *a;
+    if (cp->last_continues) {
+        for (size_t x = 0; x < (size_t)p.N * per; x++) dht[x] = a->dht ? a->dht[x] : 0.f;
+        for (size_t x = 0; x < per; x++) dht[(size_t)(p.N - 1) * per + x] += dS_out[x];
+        b.dht = dht;
+    }
+    b.workspace = (char *)a->workspace + dbytes;
+    b.workspace_bytes = a->workspace_bytes - dbytes;
+    gdn_cpu_chunk_bwd(&p, &b);
+    return gdn_ok();
 }

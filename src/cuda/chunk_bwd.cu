@@ -154,8 +154,15 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
 }
 
 /* p: the arguments of the view (the caller's sequences, or their segments:
- * p.cu, p.N, p.nslots of the split's view, whose h0 / dht rows run() forms) */
-cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st) {
+ * p.cu, p.N, p.nslots of the split's view, whose h0 / dht rows run() forms).
+ * Context parallel (gdn_cp_bwd_begin / _finish, cp.cu) runs the split's
+ * backward in two parts over one workspace: FRONT up to the first reverse
+ * sweep's dS of every segment, and sequence 0's dS at its start into d0
+ * (the backward map's S); BACK the rest, with E (or NULL) added to the state
+ * gradient after the last sequence's end (dS_out from the later ranks). */
+enum Part { WHOLE, FRONT, BACK };
+cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st,
+                Part part = WHOLE, const float *E = nullptr, float *d0 = nullptr) {
     const int K = p.K, V = p.V, HV = p.HV;
     cudaError_t e;
     const int64_t ns = p.nslots;
@@ -168,7 +175,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         sv.scu = reinterpret_cast<int64_t *>(ws + wl.scu);
         sv.sseq = reinterpret_cast<int64_t *>(ws + wl.sseq);
         sv.first = reinterpret_cast<int64_t *>(ws + wl.first);
-        seg_table_launch(sv, st);
+        sv.seg_p = sv.seg_s = nullptr;
+        if (part != BACK) seg_table_launch(sv, st);
     }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
     cudaEvent_t ev[5];
@@ -178,7 +186,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
 #else
 #define PHASE(i) do { } while (0)
 #endif
-    slot_info_launch(p, st);
+    if (part != BACK) slot_info_launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     /* every product as 3xTF32 (fp32 accuracy), but the chunk-local stage's
      * for bf16 / f16 from K = 16. One tf32 product is not enough at tiny K:
@@ -191,23 +199,31 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     if ((e = SweepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
     const bool local = use_local(K);
     if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K)) : GrpPass<SPLIT>::attr(K, V)) != cudaSuccess) return e;
-    PrepPass<SPLIT>::launch(p, st);
+    if (part != BACK) PrepPass<SPLIT>::launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
         gdn_fwd_args f;
         memset(&f, 0, sizeof f);
         f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
         float *seg_p, *seg_s;
-        if (gdn_cuda_chunk_seg_maps(pl, &f, wl.sc, ws + wl.fws, &seg_p, &seg_s, st) != GDN_OK) return cudaErrorLaunchFailure;
+        if (part == BACK) gdn_cuda_chunk_seg_maps_at(pl, wl.sc, ws + wl.fws, &seg_p, &seg_s);   /* FRONT's */
+        else if (gdn_cuda_chunk_seg_maps(pl, &f, wl.sc, ws + wl.fws, &seg_p, &seg_s, st) != GDN_OK)
+            return cudaErrorLaunchFailure;
         sv.seg_p = seg_p; sv.seg_s = seg_s;
         float *h0s = reinterpret_cast<float *>(ws + wl.h0s), *dhts = reinterpret_cast<float *>(ws + wl.dhts),
               *dsl = reinterpret_cast<float *>(ws + wl.dsl);
+        if (part != BACK) {
+            seg_dht_init_launch(sv, a->dht, dhts, st);
+            BwdArgs q = p;   /* each segment's dS at its start, from zero (the last from dht); nothing kept */
+            q.dht = dhts; q.dh0 = dsl; q.dstates = nullptr;
+            SweepPass<SPLIT>::launch_bwd(q, (unsigned)(p.N * HV * p.nvt), st);
+        }
+        if (part == FRONT) {
+            seg_dht_launch(sv, dsl, dhts, nullptr, d0, st);
+            return cudaGetLastError();
+        }
         seg_h0_launch(sv, a->h0, h0s, st);
-        seg_dht_init_launch(sv, a->dht, dhts, st);
-        BwdArgs q = p;   /* each segment's dS at its start, from zero (the last from dht); nothing kept */
-        q.dht = dhts; q.dh0 = dsl; q.dstates = nullptr;
-        SweepPass<SPLIT>::launch_bwd(q, (unsigned)(p.N * HV * p.nvt), st);
-        seg_dht_launch(sv, dsl, dhts, st);
+        seg_dht_launch(sv, dsl, dhts, E, nullptr, st);
         p.h0 = h0s; p.dht = dhts; p.dh0 = a->dh0 ? dsl : nullptr;   /* dsl is free again: the view's dh0 rows */
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
@@ -300,6 +316,33 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
     p.dstates = reinterpret_cast<float *>(w + wl.dstates);
     p.part = reinterpret_cast<double *>(w + wl.part);
     const cudaError_t e = run(pl, a, p, wl, w, (cudaStream_t)stream);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk backward kernel launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}
+
+/* context parallel (cp.cu): the split backward in two parts over one
+ * workspace (run's FRONT and BACK); 0 chunks per segment = no split (the
+ * parts are then the backward map and the whole backward) */
+extern "C" int gdn_cuda_chunk_bwd_split(const gdn_plan *pl) { return split_sc(pl); }
+
+extern "C" gdn_status gdn_cuda_chunk_bwd_part(const gdn_plan *pl, const gdn_bwd_args *a, void *ws, int back, const float *E,
+                                              float *d0, float **seg_p, float **seg_s, void *stream) {
+    BwdArgs p = args_of(pl, a);
+    const WsLayout wl = ws_layout(pl);
+    char *w = static_cast<char *>(ws);
+    gdn_plan view = *pl;
+    view.N = wl.Ns;
+    p.cu = reinterpret_cast<const int64_t *>(w + wl.scu);
+    p.N = wl.Ns;
+    p.nslots = nslots_of(&view);
+    p.slot_row0 = reinterpret_cast<int64_t *>(w);
+    p.slot_c = reinterpret_cast<int *>(w + wl.info_c);
+    p.rec = reinterpret_cast<float *>(w + wl.rec);
+    p.states = reinterpret_cast<float *>(w + wl.states);
+    p.dstates = reinterpret_cast<float *>(w + wl.dstates);
+    p.part = reinterpret_cast<double *>(w + wl.part);
+    if (seg_p) gdn_cuda_chunk_seg_maps_at(pl, wl.sc, w + wl.fws, seg_p, seg_s);
+    const cudaError_t e = run(pl, a, p, wl, w, (cudaStream_t)stream, back ? BACK : FRONT, E, d0);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk backward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }

@@ -413,7 +413,7 @@ struct SegView {
 GDN_CBWD_HIDDEN void seg_table_launch(const SegView &v, cudaStream_t st);
 GDN_CBWD_HIDDEN void seg_h0_launch(const SegView &v, const float *h0, float *h0s, cudaStream_t st);
 GDN_CBWD_HIDDEN void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st);
-GDN_CBWD_HIDDEN void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, cudaStream_t st);
+GDN_CBWD_HIDDEN void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, cudaStream_t st);
 GDN_CBWD_HIDDEN void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st);
 
 }  // namespace cbwd

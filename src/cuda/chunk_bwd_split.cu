@@ -99,24 +99,24 @@ __global__ void seg_dht_init_kernel(SegView v, const float *dht, float *dhts) {
 /* dht rows after it: block per (sequence, value head, 16 columns), from the
  * last segment back: D(last) = dht (kept), D(s) = dS at the start of
  * segment s + 1 = P_{s+1}^T D(s+1) + dS_loc(s+1), where dS_loc is the first
- * sweep's (from zero, the last segment's from dht: D(last-1) = dS_loc(last)) */
-__global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *dsl, float *dhts) {
+ * sweep's (from zero, the last segment's from dht: D(last-1) = dS_loc(last)).
+ * E (context parallel's dS_out, or NULL): a gradient after the end of the
+ * last sequence beyond its dht, added to D(last) and carried back with it.
+ * d0 (or NULL): sequence 0's dS at its start, P_0^T D(0) + dS_loc(0). */
+__global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *dsl, float *dhts, const float *E, float *d0) {
     extern __shared__ float sx[];
     float *xn = sx + v.K * SW;
     const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
     const int64_t n = blockIdx.x / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
-    const bool ok = vc < V;
+    const bool ok = vc < V, e_on = E && n == v.N - 1, d_on = d0 && n == 0;
     const int64_t f = v.first[n], m = v.first[n + 1] - f;
-    if (m < 2) return;
-    for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = ok ? dsl[st_at(v, f + m - 1, j, i, vc)] : 0.f;
-    __syncthreads();
-    for (int64_t s = m - 2; s >= 0; s--) {
-        for (int i = threadIdx.x / SW; i < K && ok; i += blockDim.x / SW) dhts[st_at(v, f + s, j, i, vc)] = sx[i * SW + c];
-        if (s == 0) break;
+    if (m < 2 && !e_on && !d_on) return;
+    /* x <- P_s^T x + add (add: dS_loc of segment s, or nothing) */
+    auto back = [&](int64_t s, bool add) {
         const float *P = v.seg_p + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K;
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) {
-            float acc = ok ? dsl[st_at(v, f + s, j, i, vc)] : 0.f;
+            float acc = ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f;
 #pragma unroll 8
             for (int k = 0; k < K; k++) acc += P[(int64_t)k * K + i] * sx[k * SW + c];
             xn[i * SW + c] = acc;
@@ -124,6 +124,30 @@ __global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *ds
         __syncthreads();
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
+    };
+    /* x = D(last) beyond dht: E, or zero */
+    for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) {
+        const float e = e_on && ok ? E[st_at(v, 0, j, i, vc)] : 0.f;
+        sx[i * SW + c] = e;
+        if (e_on && ok) dhts[st_at(v, f + m - 1, j, i, vc)] += e;
+    }
+    __syncthreads();
+    /* x = P^T (extra) + dS_loc from the last segment back: D(s) for s = m-2 .. 0, then sequence 0's start */
+    for (int64_t s = m - 1; s >= 0; s--) {
+        if (e_on) back(s, true);
+        else {   /* no extra gradient: x is just dS_loc(s) carried (P^T x is zero at the last one) */
+            if (s == m - 1) {
+                for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = ok ? dsl[st_at(v, f + s, j, i, vc)] : 0.f;
+                __syncthreads();
+            } else {
+                back(s, true);
+            }
+        }
+        if (s > 0) {
+            for (int i = threadIdx.x / SW; i < K && ok; i += blockDim.x / SW) dhts[st_at(v, f + s - 1, j, i, vc)] = sx[i * SW + c];
+        } else if (d_on) {
+            for (int i = threadIdx.x / SW; i < K && ok; i += blockDim.x / SW) d0[st_at(v, 0, j, i, vc)] = sx[i * SW + c];
+        }
     }
 }
 
@@ -148,8 +172,9 @@ void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaSt
     seg_dht_init_kernel<<<grid_of(v.Ns * v.HV * (int64_t)v.K * v.V), 256, 0, st>>>(v, dht, dhts);
 }
 
-void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, cudaStream_t st) {
-    seg_dht_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), 256, 2 * v.K * SW * sizeof(float), st>>>(v, dsl, dhts);
+void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, cudaStream_t st) {
+    seg_dht_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), 256, 2 * v.K * SW * sizeof(float), st>>>(v, dsl, dhts, E,
+                                                                                                          d0);
 }
 
 void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st) {

@@ -39,6 +39,7 @@
  * (DESIGN §8): pass 1 gives each segment's map (P, S_loc; P's columns in
  * extra blocks that start from I with v = 0), a fp32 scan the incoming states,
  * pass 3 the outputs. bench/NOTES.md has the versions and numbers. */
+#include <cstring>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -190,6 +191,14 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
 }
 
 extern "C" size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *pl, int sc) { return ws_layout(pl, sc).total; }
+
+extern "C" void gdn_cuda_chunk_seg_maps_at(const gdn_plan *pl, int sc, void *ws, float **seg_p, float **seg_s) {
+    gdn_fwd_args b;
+    memset(&b, 0, sizeof b);
+    const ChunkArgs p = args_of(pl, &b, sc, ws);
+    *seg_p = p.seg_p;
+    *seg_s = p.seg_s;
+}
 
 extern "C" gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws, float **seg_p,
                                               float **seg_s, void *stream) {

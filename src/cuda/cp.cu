@@ -366,7 +366,85 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_map: %s", cudaGetErrorString(e));
 }
 
+/* dht + E on the last sequence's row, into out ([N][HV][K][V]; dht NULL = zeros) */
+__global__ void dht_plus_kernel(const float *dht, const float *E, int64_t N, int64_t per, float *out) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < N * per; e += (int64_t)gridDim.x * blockDim.x)
+        out[e] = (dht ? dht[e] : 0.f) + (E && e / per == N - 1 ? E[e % per] : 0.f);
+}
+
+unsigned grid_of(int64_t n) { return (unsigned)((n + 255) / 256 < 8192 ? (n + 255) / 256 : 8192); }
+
+/* steps 5 and 8 with their work shared: where the local backward splits its
+ * sequences (chunk_bwd.cu), its first part (prep, pass-1 maps, the first
+ * reverse sweep) is the backward map's work too; else the two are the map
+ * and the whole backward. Workspace: [the backward's][d0 / dht + dS_out] */
+struct PairWs { int sc; size_t bwd, extra, total; };
+PairWs pair_ws(const gdn_plan *p, const gdn_cp_config *cp) {
+    PairWs l;
+    l.sc = gdn_cuda_chunk_bwd_split(p);
+    l.bwd = al(gdn_cuda_chunk_bwd_ws(p));
+    const size_t st = (size_t)p->c.HV * p->c.K * p->c.V * sizeof(float);
+    l.extra = al(l.sc ? st : st * (size_t)p->N);
+    l.total = l.bwd + l.extra;
+    if (!l.sc) {
+        const size_t m = bwd_ws_layout(p, cp).total;
+        if (m > l.total) l.total = m;
+    }
+    return l;
+}
+
 }  // namespace
+
+extern "C" size_t gdn_cuda_cp_bwd_ws(const gdn_plan *p, const gdn_cp_config *cp) { return pair_ws(p, cp).total; }
+
+extern "C" gdn_status gdn_cuda_cp_bwd_begin(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a,
+                                            const float *fmap, float *bmap, void *stream) {
+    const PairWs l = pair_ws(p, cp);
+    if (!l.sc) return bwd_map(p, cp, a, fmap, bmap, stream);
+    const gdn_config *c = &p->c;
+    const int K = c->K, V = c->V, HV = c->HV;
+    cudaStream_t st = (cudaStream_t)stream;
+    char *w = static_cast<char *>(a->workspace);
+    float *d0 = reinterpret_cast<float *>(w + l.bwd), *seg_p, *seg_s;
+    gdn_status r = gdn_cuda_chunk_bwd_part(p, a, w, 0, nullptr, d0, &seg_p, &seg_s, stream);
+    if (r) return r;
+    cudaError_t e;
+    const int64_t n = (int64_t)map_floats(p) * HV;
+    if (!cp->first_continues) {   /* the work is for step 8; nothing goes back */
+        e = cudaMemsetAsync(bmap, 0, n * sizeof(float), st);
+        return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_begin: %s", cudaGetErrorString(e));
+    }
+    const int through = p->N == 1 && cp->last_continues;
+    const float *P = through ? fmap : nullptr;
+    if (through && !fmap) {   /* P: sequence 0's segments composed (its pass-1 slots are 0 ..) */
+        int64_t bos, len;
+        gdn_seq(p, 0, &bos, &len);
+        const int64_t L = (int64_t)l.sc * CCH, nseg0 = len > 0 ? (len + L - 1) / L : 0;
+        compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, 2 * K * CW * sizeof(float), st>>>(
+            seg_p, seg_s, (int)nseg0, HV, K, V, nullptr, c->flags, 1, bmap);
+        P = bmap;   /* read in place by the pack below (P's part only) */
+    }
+    bmap_pack_kernel<<<grid_of(n), 256, 0, st>>>(d0, P, HV, K, V, c->flags, bmap);
+    e = cudaGetLastError();
+    return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_bwd_begin: %s", cudaGetErrorString(e));
+}
+
+extern "C" gdn_status gdn_cuda_cp_bwd_finish(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a,
+                                             const float *dS_out, void *stream) {
+    const PairWs l = pair_ws(p, cp);
+    const float *E = cp->last_continues ? dS_out : nullptr;
+    char *w = static_cast<char *>(a->workspace);
+    if (l.sc) return gdn_cuda_chunk_bwd_part(p, a, w, 1, E, nullptr, nullptr, nullptr, stream);
+    /* no split: the whole backward with dht + dS_out */
+    gdn_bwd_args b = *a;
+    if (E) {
+        float *dht = reinterpret_cast<float *>(w + l.bwd);
+        const int64_t per = (int64_t)p->c.HV * p->c.K * p->c.V;
+        dht_plus_kernel<<<grid_of(p->N * per), 256, 0, (cudaStream_t)stream>>>(a->dht, E, p->N, per, dht);
+        b.dht = dht;
+    }
+    return gdn_cuda_chunk_bwd(p, &b, w, stream);
+}
 
 extern "C" size_t gdn_cuda_cp_fwd_map_ws(const gdn_plan *p, const gdn_cp_config *cp) { return fwd_ws(p, cp); }
 

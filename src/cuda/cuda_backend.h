@@ -32,6 +32,12 @@ gdn_status gdn_cuda_cp_bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const
                                float *bmap, void *stream);
 gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *cp, const float *maps, float *out, int backward,
                             void *stream);
+/* steps 5 and 8 sharing their work (gdn_cp_bwd_begin, gdn_cp_bwd_finish) */
+size_t gdn_cuda_cp_bwd_ws(const gdn_plan *p, const gdn_cp_config *cp);
+gdn_status gdn_cuda_cp_bwd_begin(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a, const float *fwd_map,
+                                 float *bmap, void *stream);
+gdn_status gdn_cuda_cp_bwd_finish(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a, const float *dS_out,
+                                  void *stream);
 /* the pieces cp.cu runs on one sequence (a plan with N = 1, no cu_seqlens):
  * the chunk forward's pass 1 with sc chunks per segment (each segment's map
  * from a zero state, P and S_loc, at *seg_p, *seg_s in ws: [segment][HV]
@@ -41,7 +47,17 @@ gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *cp, const fl
 size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *p, int sc);
 gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *p, const gdn_fwd_args *a, int sc, void *ws, float **seg_p, float **seg_s,
                                    void *stream);
+/* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
+void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
+/* the split chunk backward (0: no split) in two parts over its workspace
+ * (gdn_cuda_chunk_bwd_ws): back = 0, up to the first reverse sweep, with
+ * sequence 0's dS at its start into d0 ([HV,K,V] in the state layout) and
+ * the pass-1 maps' places into *seg_p, *seg_s (when not NULL); back = 1,
+ * the rest, E ([HV,K,V] or NULL) added after the last sequence's end */
+int gdn_cuda_chunk_bwd_split(const gdn_plan *p);
+gdn_status gdn_cuda_chunk_bwd_part(const gdn_plan *p, const gdn_bwd_args *a, void *ws, int back, const float *E, float *d0,
+                                   float **seg_p, float **seg_s, void *stream);
 size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *p);
 gdn_status gdn_cuda_chunk_dstate(const gdn_plan *p, const gdn_bwd_args *a, const int64_t *cu_dev, const float *rstd_q,
                                  const float *rstd_k, void *ws, void *stream);
