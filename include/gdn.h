@@ -304,6 +304,24 @@ gdn_status gdn_cp_fwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_
 gdn_status gdn_cp_bwd_scan(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
                            const float *maps, float *dS_out);
 
+/* Steps 1 and 4 with the work they share done once (the same results as
+ * gdn_cp_fwd_map, then gdn_chunk_fwd):
+ *   1'. gdn_cp_fwd_begin(ex, cfg, cp, &fa, map)   as gdn_cp_fwd_map, with every
+ *       argument of gdn_chunk_fwd but h0 row 0 where first_continues (not read
+ *       yet), and a workspace of gdn_cp_fwd_workspace_size() bytes that keeps
+ *       what step 4' reuses (saved, where given, is written here)
+ *   2, 3 as above (S_in into h0 row 0)
+ *   4'. gdn_cp_fwd_finish(ex, cfg, cp, &fa)       the forward of step 4, same
+ *       arguments and workspace, untouched since 1'.
+ * On CUDA, where the local forward cuts its sequences into segments (bf16 /
+ * f16, long sequences with few heads), its prep and the segments' maps are
+ * the forward map's work, so 1' + 4' cost about the forward alone. */
+size_t gdn_cp_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp);
+gdn_status gdn_cp_fwd_begin(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                            const gdn_fwd_args *a, float *map);
+gdn_status gdn_cp_fwd_finish(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
+                             const gdn_fwd_args *a);
+
 /* Steps 5 and 8 with the work they share done once (the same results as
  * gdn_cp_bwd_map, then gdn_chunk_bwd with dS_out added to dht row N-1):
  *   5'. gdn_cp_bwd_begin(ex, cfg, cp, &ba, map, bmap)   as gdn_cp_bwd_map, but

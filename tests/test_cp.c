@@ -9,8 +9,9 @@
  * sequence edges, h0 / ht / dht, GVA, every dtype and state layout, segment
  * cuts of a rank's span (seq_split). Every output, map and workspace is
  * poisoned with NaN first; the whole flow runs with 1 and 2 threads and
- * must give the same bits, one of the two runs taking steps 5 and 8 as
- * gdn_cp_bwd_begin / gdn_cp_bwd_finish (the same bits again). With a CUDA device, every map and scan call of
+ * must give the same bits, one of the two runs taking steps 1 and 4, 5 and
+ * 8 as gdn_cp_fwd_begin / _finish, gdn_cp_bwd_begin / _finish (the same
+ * bits again). With a CUDA device, every map and scan call of
  * the flow also runs on the CUDA backend (device copies of the same
  * arguments, NaN-poisoned outputs and workspace) and must match the CPU's
  * result: the maps within twice the forward (backward) bound, as two
@@ -325,18 +326,33 @@ static void run_case(const cpcase *tc) {
         }
         void *wb_, *ob_;
 #endif
-        /* forward, step 1: every rank's map */
+        /* forward, step 1: every rank's map; every other run as gdn_cp_fwd_begin with all of the
+         * forward's arguments, whose workspace step 4 (gdn_cp_fwd_finish) takes again */
+        const int pair = (int)((idx + run) % 2);
+        void *fws[MAXR] = {NULL};
+        size_t fwsb[MAXR] = {0};
+        float *lht_all[MAXR] = {NULL};
+        for (int r = 0; r < R; r++) lsaved[r] = NULL;
         for (int r = 0; r < R && ok_all; r++) {
             const int64_t s = rv[r].s;
-            const size_t wsb = gdn_cp_fwd_map_workspace_size(&ex, &lc[r], &cp[r]);
+            const size_t wsb = pair ? gdn_cp_fwd_workspace_size(&ex, &lc[r], &cp[r]) : gdn_cp_fwd_map_workspace_size(&ex, &lc[r], &cp[r]);
             void *ws = t_alloc(wsb);
             t_poison_nan(GDN_F32, ws, wsb / 4);
+            const size_t svb = gdn_chunk_saved_size(&lc[r]);
+            if (pair) {
+                lsaved[r] = t_alloc(svb);
+                lht_all[r] = t_alloc(rv[r].N * sst * 4);
+                t_poison_nan(GDN_F32, lht_all[r], rv[r].N * sst);
+            }
             gdn_fwd_args a = {OFF(q.p, s, H * K, dsz), OFF(k.p, s, H * K, dsz), OFF(v.p, s, HV * V, dsz),
                               has_g ? OFF(g.p, s, HV, gsz) : NULL, OFF(beta.p, s, HV, gsz), fused ? A_log : NULL,
-                              fused ? dt_bias : NULL, lh0[r], NULL, NULL, NULL, 0, ws, wsb};
-            st = gdn_cp_fwd_map(&ex, &lc[r], &cp[r], &a, maps + r * mfl);
-            ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_cp_fwd_map: %s (%s)", r, gdn_status_string(st), gdn_last_error());
-            free(ws);
+                              fused ? dt_bias : NULL, lh0[r], pair ? OFF(o_cp[run], s, HV * V, dsz) : NULL, lht_all[r],
+                              lsaved[r], pair ? svb : 0, ws, wsb};
+            st = pair ? gdn_cp_fwd_begin(&ex, &lc[r], &cp[r], &a, maps + r * mfl) : gdn_cp_fwd_map(&ex, &lc[r], &cp[r], &a, maps + r * mfl);
+            ok_all &= check(st == GDN_OK, ctx, "rank %d %s: %s (%s)", r, pair ? "gdn_cp_fwd_begin" : "gdn_cp_fwd_map",
+                            gdn_status_string(st), gdn_last_error());
+            if (pair) { fws[r] = ws; fwsb[r] = wsb; }
+            else free(ws);
 #ifdef GDN_HAVE_CUDA
             if (twin_on && st == GDN_OK) {
                 const size_t wsd = gdn_cp_fwd_map_workspace_size(&tw.ex, &lcd[r], &cp[r]);
@@ -347,7 +363,20 @@ static void run_case(const cpcase *tc) {
                                    fused ? tw.dt_bias : NULL, h0d, NULL, NULL, NULL, 0, wsp, wsd};
                 if (ran(ctx, gdn_cp_fwd_map(&tw.ex, &lcd[r], &cp[r], &ad, md)))
                     twin_close(ctx, "forward map", r, md, maps + r * mfl, HV, (size_t)K * K, (size_t)K * V, 2 * bound_fwd(dt));
-                cudaFree(wb_); cudaFree(ob_); cudaFree(h0d);
+                cudaFree(wb_);
+                /* the same map as the first part of the local forward (its outputs in device scratch) */
+                void *od_, *sd_, *wb2_;
+                const size_t wsd2 = gdn_cp_fwd_workspace_size(&tw.ex, &lcd[r], &cp[r]), svd = gdn_chunk_saved_size(&lc[r]);
+                ad.o = dnan_at(dt, (size_t)(rv[r].e - s) * HV * V, 0, &od_);
+                ad.saved = svd ? dnan_at(GDN_F32, svd / 4, 0, &sd_) : NULL;
+                if (!svd) sd_ = NULL;
+                ad.saved_bytes = svd;
+                ad.workspace = dnan_at(GDN_F32, wsd2 / 4 + 1, 0, &wb2_); ad.workspace_bytes = wsd2;
+                cudaMemset(md, 0xff, mfl * 4);
+                if (ran(ctx, gdn_cp_fwd_begin(&tw.ex, &lcd[r], &cp[r], &ad, md)))
+                    twin_close(ctx, "gdn_cp_fwd_begin's map", r, md, maps + r * mfl, HV, (size_t)K * K, (size_t)K * V,
+                               2 * bound_fwd(dt));
+                cudaFree(wb2_); cudaFree(od_); cudaFree(sd_); cudaFree(ob_); cudaFree(h0d);
             }
 #endif
         }
@@ -376,18 +405,19 @@ static void run_case(const cpcase *tc) {
                 check(zero, ctx, "rank 0: S_in is not zero");
             }
             free(Sin);
-            const size_t svb = gdn_chunk_saved_size(&lc[r]), wsb = gdn_chunk_fwd_workspace_size(&ex, &lc[r]);
-            lsaved[r] = t_alloc(svb);
-            void *ws = t_alloc(wsb);
-            t_poison_nan(GDN_F32, ws, wsb / 4);
-            float *lht = t_alloc(rv[r].N * sst * 4);
-            t_poison_nan(GDN_F32, lht, rv[r].N * sst);
+            const size_t svb = gdn_chunk_saved_size(&lc[r]), wsb = pair ? fwsb[r] : gdn_chunk_fwd_workspace_size(&ex, &lc[r]);
+            if (!pair) lsaved[r] = t_alloc(svb);
+            void *ws = pair ? fws[r] : t_alloc(wsb);
+            if (!pair) t_poison_nan(GDN_F32, ws, wsb / 4);
+            float *lht = pair ? lht_all[r] : t_alloc(rv[r].N * sst * 4);
+            if (!pair) t_poison_nan(GDN_F32, lht, rv[r].N * sst);
             gdn_fwd_args a = {OFF(q.p, s, H * K, dsz), OFF(k.p, s, H * K, dsz), OFF(v.p, s, HV * V, dsz),
                               has_g ? OFF(g.p, s, HV, gsz) : NULL, OFF(beta.p, s, HV, gsz), fused ? A_log : NULL,
                               fused ? dt_bias : NULL, lh0[r], OFF(o_cp[run], s, HV * V, dsz), lht, lsaved[r], svb,
                               ws, wsb};
-            st = gdn_chunk_fwd(&ex, &lc[r], &a);
-            ok_all &= check(st == GDN_OK, ctx, "rank %d gdn_chunk_fwd: %s (%s)", r, gdn_status_string(st), gdn_last_error());
+            st = pair ? gdn_cp_fwd_finish(&ex, &lc[r], &cp[r], &a) : gdn_chunk_fwd(&ex, &lc[r], &a);
+            ok_all &= check(st == GDN_OK, ctx, "rank %d %s: %s (%s)", r, pair ? "gdn_cp_fwd_finish" : "gdn_chunk_fwd",
+                            gdn_status_string(st), gdn_last_error());
             /* final states of the sequences that end here */
             for (int64_t i = 0; i < rv[r].N; i++)
                 if (!(i == rv[r].N - 1 && rv[r].last)) memcpy(ht_cp[run] + (rv[r].n0 + i) * sst, lht + i * sst, sst * 4);
@@ -406,7 +436,6 @@ static void run_case(const cpcase *tc) {
         }
         /* backward, step 5: every rank's map (half the cases reuse the forward map's P); every other
          * run as gdn_cp_bwd_begin, whose workspace step 8 (gdn_cp_bwd_finish) takes again */
-        const int pair = (int)((idx + run) % 2);
         void *pws[MAXR] = {NULL};
         size_t pwsb[MAXR] = {0};
         for (int r = 0; r < R && ok_all; r++) {

@@ -179,6 +179,9 @@ _PROTOS = {   # name: (restype, argtypes)
     "gdn_cp_bwd_map": (_enum, [_E, _C, _CP, _BW, _p, _p]),
     "gdn_cp_fwd_scan": (_enum, [_E, _C, _CP, _p, _p]),
     "gdn_cp_bwd_scan": (_enum, [_E, _C, _CP, _p, _p]),
+    "gdn_cp_fwd_workspace_size": (c_size_t, [_E, _C, _CP]),
+    "gdn_cp_fwd_begin": (_enum, [_E, _C, _CP, _F, _p]),
+    "gdn_cp_fwd_finish": (_enum, [_E, _C, _CP, _F]),
     "gdn_cp_bwd_workspace_size": (c_size_t, [_E, _C, _CP]),
     "gdn_cp_bwd_begin": (_enum, [_E, _C, _CP, _BW, _p, _p]),
     "gdn_cp_bwd_finish": (_enum, [_E, _C, _CP, _BW, _p]),
@@ -330,6 +333,18 @@ def cp_fwd_scan(ex, cfg, cp, maps, S_in):
 
 def cp_bwd_scan(ex, cfg, cp, maps, dS_out):
     _check("gdn_cp_bwd_scan", lib.gdn_cp_bwd_scan(ex, cfg, cp, maps, dS_out))
+
+
+def cp_fwd_workspace_size(ex, cfg, cp):
+    return _size("gdn_cp_fwd_workspace_size", lib.gdn_cp_fwd_workspace_size(ex, cfg, cp))
+
+
+def cp_fwd_begin(ex, cfg, cp, args, map_):
+    _check("gdn_cp_fwd_begin", lib.gdn_cp_fwd_begin(ex, cfg, cp, args, map_))
+
+
+def cp_fwd_finish(ex, cfg, cp, args):
+    _check("gdn_cp_fwd_finish", lib.gdn_cp_fwd_finish(ex, cfg, cp, args))
 
 
 def cp_bwd_workspace_size(ex, cfg, cp):

@@ -175,26 +175,33 @@ class _RuleCP(torch.autograd.Function):
         cu = cpc.cu_seqlens
         rule = _core.Rule(q, k, v, g, beta, A_log, dt_bias, h0, cu, None, scale, flags)
         ex, cfg, cpcfg = rule.ctx.ex, rule.cfg, cpc.cp_config()
-        # 1. this rank's forward map, 2. the all-gather
-        mf = capi.cp_map_floats(cfg)
-        ws_n = capi.cp_fwd_map_workspace_size(ex, cfg, cpcfg)
-        ws = rule.ctx.bytes(ws_n)
         dev = q.device
-        fmap = torch.empty(mf, dtype=torch.float32, device=dev)
-        capi.cp_fwd_map(ex, cfg, cpcfg, capi.FwdArgs(q=ptr(rule.q), k=ptr(rule.k), v=ptr(rule.v), g=ptr(rule.g),
-                                                     beta=ptr(rule.beta), A_log=ptr(rule.A_log),
-                                                     dt_bias=ptr(rule.dt_bias), h0=ptr(rule.h0), workspace=ptr(ws),
-                                                     workspace_bytes=ws_n), ptr(fmap))
-        maps = _all_gather(fmap, cpc)
-        # 3. the scan, into h0 row 0 of the sequence that comes in from the previous rank
+        # the incoming state goes into h0 row 0 (step 3), between the two halves of the forward
         h0_loc = rule.h0
         if cpc.first_continues:
             h0_loc = (rule.h0.clone() if rule.h0 is not None
                       else torch.zeros(rule.state_shape, dtype=torch.float32, device=dev))
+        o = rule.ctx.empty(rule.v.shape, rule.code)
+        ht = rule.ctx.empty(rule.state_shape, capi.F32) if want_ht else None
+        saved_n = capi.chunk_saved_size(cfg)
+        saved = rule.ctx.bytes(saved_n)
+        if saved is None:
+            saved = torch.empty(0, dtype=torch.uint8, device=dev)
+        ws_n = capi.cp_fwd_workspace_size(ex, cfg, cpcfg)
+        ws = rule.ctx.bytes(ws_n)
+        args = capi.FwdArgs(q=ptr(rule.q), k=ptr(rule.k), v=ptr(rule.v), g=ptr(rule.g), beta=ptr(rule.beta),
+                            A_log=ptr(rule.A_log), dt_bias=ptr(rule.dt_bias), h0=ptr(h0_loc), o=ptr(o), ht=ptr(ht),
+                            saved=ptr(saved) if saved_n else None, saved_bytes=saved_n, workspace=ptr(ws),
+                            workspace_bytes=ws_n)
+        # 1. this rank's forward map, begun as the first part of the local forward (gdn_cp_fwd_begin:
+        # their shared work done once), 2. the all-gather, 3. the scan into h0 row 0, 4. the forward finished
+        fmap = torch.empty(capi.cp_map_floats(cfg), dtype=torch.float32, device=dev)
+        capi.cp_fwd_begin(ex, cfg, cpcfg, args, ptr(fmap))
+        maps = _all_gather(fmap, cpc)
+        if cpc.first_continues:
             capi.cp_fwd_scan(ex, cfg, cpcfg, ptr(maps), ptr(h0_loc))
-        # 4. the regular forward
-        o, ht, saved = _core.chunk_fwd(rule.q, rule.k, rule.v, rule.g, rule.beta, rule.A_log, rule.dt_bias, h0_loc,
-                                       cu, None, scale, flags, want_ht=want_ht, want_saved=True)
+        capi.cp_fwd_finish(ex, cfg, cpcfg, args)
+        del ws
         ctx.save_for_backward(rule.q, rule.k, rule.v, rule.g, rule.beta, rule.A_log, rule.dt_bias, h0_loc, saved,
                               fmap)
         ctx.cpc, ctx.scale, ctx.flags, ctx.want_ht, ctx.has_h0 = cpc, scale, flags, want_ht, h0 is not None
@@ -215,7 +222,7 @@ class _RuleCP(torch.autograd.Function):
         # local backward (gdn_cp_bwd_begin: their shared work done once), 6. the all-gather
         want_dh0 = bool(need[7] and ctx.has_h0)
         ws_n = capi.cp_bwd_workspace_size(ex, cfg, cpcfg)
-        args, outs, keep = _core.bwd_call(rule, saved if saved.numel() else None, do, dht, ctx.flags,
+        args, outs, keep = _core.bwd_call(rule, saved if saved is not None and saved.numel() else None, do, dht, ctx.flags,
                                           bool(need[6] and dt_bias is not None), want_dh0, ws_n)
         dev = q.device
         bmap = torch.empty(capi.cp_map_floats(cfg), dtype=torch.float32, device=dev)

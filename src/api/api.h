@@ -42,6 +42,9 @@ gdn_status gdn_check_align(const void *ptr, size_t bytes, const char *name, cons
  * backward's arguments; api/chunk.c, also for the context-parallel calls */
 gdn_status gdn_cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked);
 gdn_status gdn_cuda_align_bwd(const gdn_exec *ex, const gdn_plan *p, const gdn_bwd_args *a);
+/* every check of gdn_chunk_fwd (its workspace at least the chunk forward's);
+ * fills the plan (api/chunk.c; api/cp.c's gdn_cp_fwd_finish runs the same) */
+gdn_status gdn_chunk_fwd_check(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a, gdn_plan *p);
 /* every check of gdn_chunk_bwd but the workspace's size; fills the plan
  * (api/chunk.c; api/cp.c's gdn_cp_bwd_finish runs the same) */
 gdn_status gdn_chunk_bwd_check(const gdn_exec *ex, const gdn_config *cfg, const gdn_bwd_args *a, gdn_plan *p);

@@ -136,10 +136,15 @@ static gdn_status check_fwd_args(const gdn_exec *ex, const gdn_plan *p, const gd
     return GDN_OK;
 }
 
+gdn_status gdn_chunk_fwd_check(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a, gdn_plan *p) {
+    gdn_status s = make_plan(ex, cfg, p);
+    if (!s) s = check_fwd_args(ex, p, a, 1);
+    return s;
+}
+
 gdn_status gdn_chunk_fwd(const gdn_exec *ex, const gdn_config *cfg, const gdn_fwd_args *a) {
     gdn_plan p;
-    gdn_status s = make_plan(ex, cfg, &p);
-    if (!s) s = check_fwd_args(ex, &p, a, 1);
+    gdn_status s = gdn_chunk_fwd_check(ex, cfg, a, &p);
     if (s) return s;
     if (gdn_exec_backend(ex) == GDN_BACKEND_CUDA) {
 #ifdef GDN_HAVE_CUDA

@@ -262,3 +262,68 @@ gdn_status gdn_cp_bwd_finish(const gdn_exec *ex, const gdn_config *cfg, const gd
     gdn_cpu_chunk_bwd(&p, &b);
     return gdn_ok();
 }
+
+/* ---- steps 1 and 4 with their work shared ---- */
+
+static size_t fpair_ws(const gdn_exec *ex, const gdn_plan *p, const gdn_cp_config *cp) {
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) return gdn_cuda_cp_fwd_ws(p, cp);
+#else
+    (void)ex;
+#endif
+    const size_t m = gdn_cpu_cp_fwd_map_ws(p, cp), f = gdn_cpu_chunk_fwd_ws(p);
+    return m > f ? m : f;
+}
+
+size_t gdn_cp_fwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp) {
+    gdn_plan p;
+    if (cp_plan(ex, cfg, cp, &p)) return 0;
+    gdn_ok();
+    return fpair_ws(ex, &p, cp);
+}
+
+gdn_status gdn_cp_fwd_begin(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const gdn_fwd_args *a,
+                            float *map) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    NEED(a, "");
+    NEED(map, " (gdn_cp_map_floats() floats)");
+    const unsigned f = p.c.flags;
+    if (p.c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    const size_t sv = gdn_saved_bytes(&p.c);
+    CHECK(!a->saved || a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
+          a->saved_bytes, sv);
+    if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, fpair_ws(ex, &p, cp)))) return s;
+    if (on_cuda(ex) && (s = gdn_cuda_align_fwd(ex, &p, a, 1))) return s;
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_fwd_begin(&p, cp, a, map, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
+    gdn_cpu_cp_fwd_map(&p, cp, a, map);
+    return gdn_ok();
+}
+
+gdn_status gdn_cp_fwd_finish(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp, const gdn_fwd_args *a) {
+    gdn_plan p;
+    gdn_status s = cp_plan(ex, cfg, cp, &p);
+    if (s) return s;
+    if ((s = gdn_chunk_fwd_check(ex, cfg, a, &p))) return s;
+    if ((s = cuda_checks(ex, &p, a->workspace))) return s;
+    if ((s = check_ws(a->workspace, a->workspace_bytes, fpair_ws(ex, &p, cp)))) return s;
+#ifdef GDN_HAVE_CUDA
+    if (on_cuda(ex)) {
+        if ((s = gdn_cuda_cp_fwd_finish(&p, cp, a, ex->stream))) return s;
+        return gdn_ok();
+    }
+#endif
+    gdn_cpu_chunk_fwd(&p, a);
+    return gdn_ok();
+}

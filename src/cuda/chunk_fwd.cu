@@ -86,10 +86,12 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* maps_only: pass 1 and no more (context parallel, cp.cu: the segments' maps
- * are the product) */
+/* part (context parallel, cp.cu): WHOLE; FRONT, the prep and pass 1 (the
+ * segments' maps: a map's work); BACK, the scan and pass 3 after a FRONT
+ * over the same workspace */
+enum Part { WHOLE, FRONT, BACK };
 template <int KT, int BV, typename E>
-cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, bool maps_only) {
+cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part) {
     cudaError_t e = PrepPass<KT, E>::attr();
     if (e == cudaSuccess) e = StatePass<KT, BV, E>::attr();
     if (e != cudaSuccess) return e;
@@ -121,7 +123,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     const int64_t walk_blocks =
         N * p.HV * (p.sc ? (int64_t)((maxch + p.sc - 1) / p.sc) * (p.nvb_v + (p.K + BV - 1) / BV) : p.nvb_v);
     if (N * p.H * maxch > INT32_MAX || walk_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-    if (maxch > 0) PrepPass<KT, E>::launch(p, N, maxch, ws, st);
+    if (maxch > 0 && part != BACK) PrepPass<KT, E>::launch(p, N, maxch, ws, st);
     if (!p.sc) {
         p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
         e = walk(p, (unsigned)(N * p.HV * p.nvb));
@@ -129,8 +131,8 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     }
     p.maxseg = (maxch + p.sc - 1) / p.sc;
     p.pass = 1; p.nvb = p.nvb_v + (p.K + BV - 1) / BV;
-    e = walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
-    if (e != cudaSuccess || maps_only) return e;
+    if (part != BACK) e = walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
+    if (e != cudaSuccess || part == FRONT) return e;
     seg_scan_launch(p, N, st);
     p.pass = 3; p.nvb = p.nvb_v;
     walk(p, (unsigned)(N * p.maxseg * p.HV * p.nvb));
@@ -138,10 +140,10 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
 }
 
 template <typename E>
-cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, bool maps_only) {
-    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st, maps_only);
-    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st, maps_only);
-    return launch<256, 64, E>(p, rows, N, maxch, ws, st, maps_only);
+cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part) {
+    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st, part);
+    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st, part);
+    return launch<256, 64, E>(p, rows, N, maxch, ws, st, part);
 }
 
 /* the kernel arguments of a call; sc chunks per segment (0 = whole sequences) */
@@ -163,12 +165,12 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     return p;
 }
 
-cudaError_t run(const gdn_plan *pl, const ChunkArgs &p, void *ws, cudaStream_t st, bool maps_only) {
+cudaError_t run(const gdn_plan *pl, const ChunkArgs &p, void *ws, cudaStream_t st, Part part) {
     const gdn_config *c = &pl->c;
     const int maxch = (int)((pl->max_len + CC - 1) / CC);
     const int64_t rows = c->B * c->T;
-    return c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st, maps_only)
-                                : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st, maps_only);
+    return c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st, part)
+                                : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st, part);
 }
 
 }  // namespace
@@ -185,7 +187,7 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return gdn_cuda_recurrent_fwd(pl, a, stream);
     if (pl->N * c->HV == 0) return GDN_OK;
-    const cudaError_t e = run(pl, args_of(pl, a, seg_chunks(pl), ws), ws, (cudaStream_t)stream, false);
+    const cudaError_t e = run(pl, args_of(pl, a, seg_chunks(pl), ws), ws, (cudaStream_t)stream, WHOLE);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
@@ -208,7 +210,19 @@ extern "C" gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *pl, const gdn_fwd_
     *seg_p = p.seg_p;
     *seg_s = p.seg_s;
     if (pl->max_len == 0) return GDN_OK;
-    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, true);
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, FRONT);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "context-parallel segment maps launch: %s", cudaGetErrorString(e));
+    return GDN_OK;
+}
+
+extern "C" int gdn_cuda_chunk_fwd_split(const gdn_plan *pl) { return pl->c.dtype == GDN_F32 ? 0 : seg_chunks(pl); }
+
+extern "C" gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, int back, float **seg_p,
+                                              float **seg_s, void *stream) {
+    const ChunkArgs p = args_of(pl, a, seg_chunks(pl), ws);
+    if (seg_p) { *seg_p = p.seg_p; *seg_s = p.seg_s; }
+    if (pl->N * pl->c.HV == 0) return GDN_OK;
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, back ? BACK : FRONT);
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }

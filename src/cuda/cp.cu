@@ -395,6 +395,49 @@ PairWs pair_ws(const gdn_plan *p, const gdn_cp_config *cp) {
 
 }  // namespace
 
+/* steps 1 and 4 with their work shared: where the local forward splits its
+ * sequences (chunk_fwd.cu), its prep and pass 1 give every segment's map,
+ * the last sequence's composed is the forward map, and step 4 is the scan
+ * and pass 3 only; else the map and the whole forward */
+extern "C" size_t gdn_cuda_cp_fwd_ws(const gdn_plan *p, const gdn_cp_config *cp) {
+    const size_t f = gdn_cuda_chunk_fwd_ws(p);
+    if (gdn_cuda_chunk_fwd_split(p)) return f;
+    const size_t m = fwd_ws(p, cp);
+    return m > f ? m : f;
+}
+
+extern "C" gdn_status gdn_cuda_cp_fwd_begin(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, float *map,
+                                            void *stream) {
+    const int sc = gdn_cuda_chunk_fwd_split(p);
+    if (!sc) return fwd_map(p, cp, a, map, stream);
+    const gdn_config *c = &p->c;
+    const int K = c->K, V = c->V, HV = c->HV;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *seg_p, *seg_s;
+    gdn_status r = gdn_cuda_chunk_fwd_part(p, a, a->workspace, 0, &seg_p, &seg_s, stream);
+    if (r) return r;
+    cudaError_t e;
+    int64_t bos, len;
+    if (!fwd_edge(p, cp, &bos, &len)) {   /* the work is for step 4; nothing goes on */
+        e = cudaMemsetAsync(map, 0, map_floats(p) * HV * sizeof(float), st);
+        return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_begin: %s", cudaGetErrorString(e));
+    }
+    const int need_P = p->N == 1 && cp->first_continues;
+    const float *h0row = (!need_P && a->h0) ? a->h0 + (size_t)(p->N - 1) * HV * K * V : nullptr;
+    const int64_t L = (int64_t)sc * CCH, nseg = len > 0 ? (len + L - 1) / L : 0, slot0 = bos / L + (p->N - 1);
+    compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, 2 * K * CW * sizeof(float), st>>>(
+        seg_p + slot0 * HV * (int64_t)K * K, seg_s + slot0 * HV * (int64_t)K * V, (int)nseg, HV, K, V, h0row, c->flags, need_P,
+        map);
+    e = cudaGetLastError();
+    return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_begin: %s", cudaGetErrorString(e));
+}
+
+extern "C" gdn_status gdn_cuda_cp_fwd_finish(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, void *stream) {
+    (void)cp;
+    if (!gdn_cuda_chunk_fwd_split(p)) return gdn_cuda_chunk_fwd(p, a, a->workspace, stream);
+    return gdn_cuda_chunk_fwd_part(p, a, a->workspace, 1, nullptr, nullptr, stream);
+}
+
 extern "C" size_t gdn_cuda_cp_bwd_ws(const gdn_plan *p, const gdn_cp_config *cp) { return pair_ws(p, cp).total; }
 
 extern "C" gdn_status gdn_cuda_cp_bwd_begin(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a,

@@ -32,7 +32,10 @@ gdn_status gdn_cuda_cp_bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const
                                float *bmap, void *stream);
 gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *cp, const float *maps, float *out, int backward,
                             void *stream);
-/* steps 5 and 8 sharing their work (gdn_cp_bwd_begin, gdn_cp_bwd_finish) */
+/* steps 1 and 4, 5 and 8 sharing their work (gdn_cp_fwd_begin / _finish, gdn_cp_bwd_begin / _finish) */
+size_t gdn_cuda_cp_fwd_ws(const gdn_plan *p, const gdn_cp_config *cp);
+gdn_status gdn_cuda_cp_fwd_begin(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, float *map, void *stream);
+gdn_status gdn_cuda_cp_fwd_finish(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_args *a, void *stream);
 size_t gdn_cuda_cp_bwd_ws(const gdn_plan *p, const gdn_cp_config *cp);
 gdn_status gdn_cuda_cp_bwd_begin(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_args *a, const float *fwd_map,
                                  float *bmap, void *stream);
@@ -46,6 +49,13 @@ gdn_status gdn_cuda_cp_bwd_finish(const gdn_plan *p, const gdn_cp_config *cp, co
  * GDN_QK_L2NORM; cu_dev, or NULL: the plan's sequences) */
 size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *p, int sc);
 gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *p, const gdn_fwd_args *a, int sc, void *ws, float **seg_p, float **seg_s,
+                                   void *stream);
+/* the split chunk forward (0: no split) in two parts over its workspace
+ * (gdn_cuda_chunk_fwd_ws): back = 0, the prep and pass 1 (every segment's
+ * map at *seg_p, *seg_s when not NULL, the chunk forward's segment slots);
+ * back = 1, the scan from h0 and pass 3 (o, ht) */
+int gdn_cuda_chunk_fwd_split(const gdn_plan *p);
+gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, void *ws, int back, float **seg_p, float **seg_s,
                                    void *stream);
 /* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
 void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
