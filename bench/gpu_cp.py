@@ -10,8 +10,14 @@ kernel) it prints, in ms (median of --reps after --warmup):
              rank), the scaling over 1 GPU, and the collectives alone (the
              all-gathers of the maps, timed by themselves at their sizes)
              against the step.
+With FLA importable (PYTHONPATH=.fla; --no-fla to skip) the same rows for
+FLA's chunk_gated_delta_rule, plain on 1 GPU and with its own context
+parallel (fla.ops.cp) on world ranks, on the same inputs (FLA's CP takes no
+initial or final state: neither does gdn's row). FLA's gated backward on
+Hopper with Triton < 3.7.1 is behind its issue-640 guard: lifted to time the
+same kernels (bench/gpu_chunk.py says why); its gradients are not used.
 
-    python3 bench/gpu_cp.py [--T 131072] [--gpus 2] [--shapes long1,qwen3next]
+    python3 bench/gpu_cp.py [--T 131072] [--gpus 2] [--shapes long1,qwen3next] [--no-fla]
 
 Keep NCCL's NVLink multicast off where the host is shared (NCCL_NVLS_ENABLE=0).
 """
@@ -55,6 +61,42 @@ def step(x, ctx, backward):
     return o
 
 
+def fla_step(x, ctx, backward):
+    """FLA's chunk_gated_delta_rule on the same inputs: the gate and beta in its kernel where this
+    FLA has them, else by torch ops inside the step"""
+    from gpu_common import FLA_CHUNK_BETA, FLA_CHUNK_GATE, chunk_gated_delta_rule
+    import torch.nn.functional as F
+    kw = dict(use_qk_l2norm_in_kernel=True)
+    g, beta = x["a"], x["b"]
+    if FLA_CHUNK_GATE:
+        kw.update(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
+    else:
+        g = -x["A_log"].exp() * F.softplus(g.float() + x["dt_bias"])
+    if FLA_CHUNK_BETA:
+        kw["use_beta_sigmoid_in_kernel"] = True
+    else:
+        beta = beta.sigmoid()
+    if ctx is not None:
+        kw["cp_context"] = ctx
+    o, _ = chunk_gated_delta_rule(x["q"], x["k"], x["v"], g, beta, **kw)
+    if backward:
+        torch.autograd.backward(o, x["do"])
+    return o
+
+
+def fla_ready(opts):
+    if opts.no_fla:
+        return False
+    try:
+        import fla.ops.cp  # noqa: F401
+        from gpu_chunk import fla_lift_640_guard
+    except ImportError as e:
+        print(f"FLA not run: {e}", flush=True)
+        return False
+    fla_lift_640_guard()
+    return True
+
+
 def timed(fn, reps, warmup, sync_group=False):
     """median ms of fn over reps (every rank in step where sync_group: the slowest rank's time)"""
     for _ in range(warmup):
@@ -78,6 +120,7 @@ def worker(rank, world, port, opts):
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev)
+    use_fla = fla_ready(opts)
     try:
         for name in opts.shapes.split(","):
             H, HV, K, V = SHAPES[name]
@@ -92,6 +135,11 @@ def worker(rank, world, port, opts):
                 res["loc_f"] = timed(lambda: step(xl, None, False), opts.reps, opts.warmup)
                 res["loc_fb"] = timed(lambda: step(xl, None, True), opts.reps, opts.warmup)
                 del xl
+                if use_fla:
+                    x = make_inputs(T, H, HV, K, V, dev, 1)
+                    res["fla_f"] = timed(lambda: fla_step(x, None, False), opts.reps, opts.warmup)
+                    res["fla_fb"] = timed(lambda: fla_step(x, None, True), opts.reps, opts.warmup)
+                    del x
                 torch.cuda.empty_cache()
             dist.barrier()
             ctx = cp.build_cp_context(total_len=Tl * world)
@@ -103,6 +151,11 @@ def worker(rank, world, port, opts):
             m = torch.empty(mapf, device=dev)
             parts = [torch.empty_like(m) for _ in range(world)]
             comm = timed(lambda: dist.all_gather(parts, m), opts.reps, opts.warmup, True)
+            if use_fla:
+                from fla.ops.cp import build_cp_context as fla_cp_context
+                fctx = fla_cp_context(torch.tensor([0, Tl * world], dtype=torch.long, device=dev), group=dist.group.WORLD)
+                fla_cp_f = timed(lambda: fla_step(x, fctx, False), opts.reps, opts.warmup, True)
+                fla_cp_fb = timed(lambda: fla_step(x, fctx, True), opts.reps, opts.warmup, True)
             del x
             torch.cuda.empty_cache()
             if rank == 0:
@@ -117,6 +170,12 @@ def worker(rank, world, port, opts):
                       f"{comm:.3f} ms; forward {comm:.3f} ({100 * comm / cp_f:.1f}%), forward+backward "
                       f"{2 * comm:.3f} ({100 * 2 * comm / cp_fb:.1f}%); peak memory rank 0 {mem:.0f} MiB",
                       flush=True)
+                if use_fla:
+                    print(f"  FLA 1 GPU  forward {res['fla_f']:8.3f}   forward+backward {res['fla_fb']:8.3f}   "
+                          f"(gdn / FLA: {res['one_f'] / res['fla_f']:.2f} / {res['one_fb'] / res['fla_fb']:.2f})")
+                    print(f"  FLA {world} GPUs forward {fla_cp_f:8.3f}   forward+backward {fla_cp_fb:8.3f}   scaling "
+                          f"{res['fla_f'] / fla_cp_f:.2f}x / {res['fla_fb'] / fla_cp_fb:.2f}x   (gdn / FLA on {world} GPUs: "
+                          f"{cp_f / fla_cp_f:.2f} / {cp_fb / fla_cp_fb:.2f})", flush=True)
             dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -129,6 +188,7 @@ def main():
     ap.add_argument("--shapes", default="long1,qwen3next")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-fla", action="store_true", help="skip FLA's rows")
     opts = ap.parse_args()
     world = opts.gpus or torch.cuda.device_count()
     if world < 2:

@@ -1,7 +1,8 @@
 /* Fuzz target over the public C API on the CPU backend.
  *
  * One input (a few dozen bytes) picks an op (the chunk forward and backward
- * also their context-parallel calls, gdn_cp_*), its shape (including zeros,
+ * also their context-parallel calls, gdn_cp_*, and the begin / finish pairs
+ * over one workspace), its shape (including zeros,
  * negatives, head dims past 256, HV not a multiple of H), dtypes (including
  * values outside the enum), flags (including unknown bits), which pointers
  * are NULL, cu_seqlens contents, decode / conv slots, and how many workspace
@@ -214,6 +215,16 @@ static int run_one(const uint8_t *data, size_t size, int *accepted_op, gdn_statu
                     }
                     cp_calls++;
                     cp_accepted += st == GDN_OK;
+                } else if (cpb == 3) {   /* the pair: begin, then finish over the same workspace */
+                    const gdn_cp_config cp = cp_config(&r);
+                    const size_t mf = cap(gdn_cp_map_floats(&c)), cw = cap(gdn_cp_fwd_workspace_size(exp, &c, &cp));
+                    a.workspace = buf(&B, &r, "cp workspace", cw, 1, 2, 1);
+                    a.workspace_bytes = a.workspace ? (cw && byte(&r) % 6 == 0 ? cw - 1 : cw) : 0;
+                    /* the map is the first call's output, unwatched: the second's may fail after it */
+                    st = gdn_cp_fwd_begin(exp, &c, &cp, &a, buf(&B, &r, "map", mf, 4, 2, 1));
+                    if (st == GDN_OK) st = gdn_cp_fwd_finish(exp, &c, &cp, &a);
+                    cp_calls++;
+                    cp_accepted += st == GDN_OK;
                 } else {
                     st = gdn_chunk_fwd(exp, &c, &a);
                 }
@@ -250,6 +261,17 @@ static int run_one(const uint8_t *data, size_t size, int *accepted_op, gdn_statu
                     const float *maps = buf(&B, &r, "maps", mf * world, 4, 0, 1);
                     st = gdn_cp_bwd_scan(exp, &c, &cp, maps, buf(&B, &r, "dS_out", elems(c.HV, c.K, c.V, 1), 4, 1, 1));
                 }
+                cp_calls++;
+                cp_accepted += st == GDN_OK;
+            } else if (cpb == 3) {   /* the pair: begin, then finish over the same workspace */
+                const gdn_cp_config cp = cp_config(&r);
+                const size_t mf = cap(gdn_cp_map_floats(&c)), cw = cap(gdn_cp_bwd_workspace_size(exp, &c, &cp));
+                a.workspace = buf(&B, &r, "cp workspace", cw, 1, 2, 1);
+                a.workspace_bytes = a.workspace ? (cw && byte(&r) % 6 == 0 ? cw - 1 : cw) : 0;
+                const float *fmap = buf(&B, &r, "fwd_map", mf, 4, 0, 1);
+                st = gdn_cp_bwd_begin(exp, &c, &cp, &a, fmap, buf(&B, &r, "bmap", mf, 4, 2, 1));
+                if (st == GDN_OK)
+                    st = gdn_cp_bwd_finish(exp, &c, &cp, &a, buf(&B, &r, "dS_out", elems(c.HV, c.K, c.V, 1), 4, 0, 1));
                 cp_calls++;
                 cp_accepted += st == GDN_OK;
             } else {
