@@ -90,19 +90,45 @@ static gdn_status check_ws(void *ws, size_t bytes, size_t need) {
     return GDN_OK;
 }
 
+/* the inputs a forward map reads (gdn_cp_fwd_map, gdn_cp_fwd_begin) */
+static gdn_status check_fwd_map_args(const gdn_plan *p, const gdn_fwd_args *a, const float *map) {
+    NEED(a, "");
+    NEED(map, " (gdn_cp_map_floats() floats)");
+    const unsigned f = p->c.flags;
+    if (p->c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    return GDN_OK;
+}
+
+/* the inputs a backward map reads (gdn_cp_bwd_map; gdn_cp_bwd_begin with
+ * need_saved: saved as gdn_chunk_bwd wants it, not optional) */
+static gdn_status check_bwd_map_args(const gdn_plan *p, const gdn_bwd_args *a, const float *fwd_map, const float *bmap,
+                                     int need_saved) {
+    NEED(a, "");
+    NEED(bmap, " (gdn_cp_map_floats() floats)");
+    const unsigned f = p->c.flags;
+    if (p->c.T > 0) {
+        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->dout, "");
+        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
+    }
+    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    const size_t sv = gdn_saved_bytes(&p->c);
+    if (need_saved && sv && p->c.T > 0) NEED(a->saved, " (GDN_QK_L2NORM is set: pass what gdn_chunk_fwd saved)");
+    CHECK(!a->saved || !sv || a->saved_bytes >= sv, GDN_ERR_WORKSPACE,
+          "saved_bytes (%zu) is less than the %zu bytes needed", a->saved_bytes, sv);
+    CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
+    return GDN_OK;
+}
+
 gdn_status gdn_cp_fwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_cp_config *cp,
                           const gdn_fwd_args *a, float *map) {
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    NEED(a, "");
-    NEED(map, " (gdn_cp_map_floats() floats)");
-    const unsigned f = p.c.flags;
-    if (p.c.T > 0) {
-        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, "");
-        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
-    }
-    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    if ((s = check_fwd_map_args(&p, a, map))) return s;
     if ((s = cuda_checks(ex, &p, a->workspace))) return s;
     if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 0)))) return s;
     if (on_cuda(ex) && (s = gdn_cuda_align_fwd(ex, &p, a, 1))) return s;
@@ -121,18 +147,7 @@ gdn_status gdn_cp_bwd_map(const gdn_exec *ex, const gdn_config *cfg, const gdn_c
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    NEED(a, "");
-    NEED(bmap, " (gdn_cp_map_floats() floats)");
-    const unsigned f = p.c.flags;
-    if (p.c.T > 0) {
-        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->dout, "");
-        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
-    }
-    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
-    const size_t sv = gdn_saved_bytes(&p.c);
-    CHECK(!a->saved || !sv || a->saved_bytes >= sv, GDN_ERR_WORKSPACE,
-          "saved_bytes (%zu) is less than the %zu bytes needed", a->saved_bytes, sv);
-    CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
+    if ((s = check_bwd_map_args(&p, a, fwd_map, bmap, 0))) return s;
     if ((s = cuda_checks(ex, &p, a->workspace))) return s;
     if ((s = check_ws(a->workspace, a->workspace_bytes, backend_ws(ex, &p, cp, 1)))) return s;
     if (on_cuda(ex) && (s = gdn_cuda_align_bwd(ex, &p, a))) return s;
@@ -205,21 +220,7 @@ gdn_status gdn_cp_bwd_begin(const gdn_exec *ex, const gdn_config *cfg, const gdn
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    NEED(a, "");
-    NEED(bmap, " (gdn_cp_map_floats() floats)");
-    const unsigned f = p.c.flags;
-    if (p.c.T > 0) {
-        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, ""); NEED(a->dout, "");
-        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
-    }
-    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
-    const size_t sv = gdn_saved_bytes(&p.c);
-    if (sv && p.c.T > 0) {   /* as gdn_cp_bwd_finish (gdn_chunk_bwd) will want it */
-        NEED(a->saved, " (GDN_QK_L2NORM is set: pass what gdn_chunk_fwd saved)");
-        CHECK(a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
-              a->saved_bytes, sv);
-    }
-    CHECK(!fwd_map || fwd_map != bmap, GDN_ERR_OPTION, "fwd_map and bmap are the same buffer (bmap is written)");
+    if ((s = check_bwd_map_args(&p, a, fwd_map, bmap, 1))) return s;   /* saved as gdn_cp_bwd_finish will want it */
     if ((s = cuda_checks(ex, &p, a->workspace))) return s;
     if ((s = check_ws(a->workspace, a->workspace_bytes, pair_ws(ex, &p, cp)))) return s;
     if (on_cuda(ex) && (s = gdn_cuda_align_bwd(ex, &p, a))) return s;
@@ -287,14 +288,7 @@ gdn_status gdn_cp_fwd_begin(const gdn_exec *ex, const gdn_config *cfg, const gdn
     gdn_plan p;
     gdn_status s = cp_plan(ex, cfg, cp, &p);
     if (s) return s;
-    NEED(a, "");
-    NEED(map, " (gdn_cp_map_floats() floats)");
-    const unsigned f = p.c.flags;
-    if (p.c.T > 0) {
-        NEED(a->q, ""); NEED(a->k, ""); NEED(a->v, ""); NEED(a->beta, "");
-        if (f & GDN_GATE_FUSED) NEED(a->g, " (raw gate a, GDN_GATE_FUSED is set)");
-    }
-    if (f & GDN_GATE_FUSED) NEED(a->A_log, " (GDN_GATE_FUSED is set)");
+    if ((s = check_fwd_map_args(&p, a, map))) return s;
     const size_t sv = gdn_saved_bytes(&p.c);
     CHECK(!a->saved || a->saved_bytes >= sv, GDN_ERR_WORKSPACE, "saved_bytes (%zu) is less than the %zu bytes needed",
           a->saved_bytes, sv);

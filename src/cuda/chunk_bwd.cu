@@ -92,17 +92,7 @@ int64_t group_slots(const gdn_plan *pl) {
 int split_sc(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32 || pl->N * c->HV == 0) return 0;
-    const int64_t maxch = (pl->max_len + CC - 1) / CC, blocks = pl->N * c->HV * ((c->V + VT - 1) / VT);
-    int64_t want;
-    if (pl->seq_split == 1 || maxch < 2) return 0;
-    if (pl->seq_split > 1) want = pl->seq_split;
-    else {
-        if (2 * blocks > gdn::sm_count() || maxch < 16) return 0;
-        want = gdn::sm_count() / blocks;
-    }
-    int64_t sc = (maxch + want - 1) / want;
-    if (pl->seq_split == 0 && sc < 8) sc = 8;
-    return sc >= maxch ? 0 : (int)sc;
+    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + VT - 1) / VT));
 }
 
 /* segments of the split's view: every sequence cut into pieces of sc chunks (an empty one is one segment) */
@@ -296,13 +286,12 @@ BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     p.scale = c->scale; p.flags = c->flags;
     return p;
 }
-}  // namespace
 
-extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args *a, void *ws, void *stream) {
+/* the arguments over workspace w of layout wl: the split's view (its
+ * segments as the sequences) where there is one, and the scratch arrays */
+BwdArgs bound_args(const gdn_plan *pl, const gdn_bwd_args *a, const WsLayout &wl, char *w) {
     BwdArgs p = args_of(pl, a);
-    const WsLayout wl = ws_layout(pl);
-    char *w = static_cast<char *>(ws);
-    if (wl.sc) {   /* the split's view: its segments as the sequences */
+    if (wl.sc) {
         gdn_plan view = *pl;
         view.N = wl.Ns;
         p.cu = reinterpret_cast<const int64_t *>(w + wl.scu);
@@ -315,7 +304,14 @@ extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args 
     p.states = reinterpret_cast<float *>(w + wl.states);
     p.dstates = reinterpret_cast<float *>(w + wl.dstates);
     p.part = reinterpret_cast<double *>(w + wl.part);
-    const cudaError_t e = run(pl, a, p, wl, w, (cudaStream_t)stream);
+    return p;
+}
+}  // namespace
+
+extern "C" gdn_status gdn_cuda_chunk_bwd(const gdn_plan *pl, const gdn_bwd_args *a, void *ws, void *stream) {
+    const WsLayout wl = ws_layout(pl);
+    char *w = static_cast<char *>(ws);
+    const cudaError_t e = run(pl, a, bound_args(pl, a, wl, w), wl, w, (cudaStream_t)stream);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk backward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
@@ -327,22 +323,10 @@ extern "C" int gdn_cuda_chunk_bwd_split(const gdn_plan *pl) { return split_sc(pl
 
 extern "C" gdn_status gdn_cuda_chunk_bwd_part(const gdn_plan *pl, const gdn_bwd_args *a, void *ws, int back, const float *E,
                                               float *d0, float **seg_p, float **seg_s, void *stream) {
-    BwdArgs p = args_of(pl, a);
-    const WsLayout wl = ws_layout(pl);
+    const WsLayout wl = ws_layout(pl);   /* split: the caller (cp.cu) asked gdn_cuda_chunk_bwd_split */
     char *w = static_cast<char *>(ws);
-    gdn_plan view = *pl;
-    view.N = wl.Ns;
-    p.cu = reinterpret_cast<const int64_t *>(w + wl.scu);
-    p.N = wl.Ns;
-    p.nslots = nslots_of(&view);
-    p.slot_row0 = reinterpret_cast<int64_t *>(w);
-    p.slot_c = reinterpret_cast<int *>(w + wl.info_c);
-    p.rec = reinterpret_cast<float *>(w + wl.rec);
-    p.states = reinterpret_cast<float *>(w + wl.states);
-    p.dstates = reinterpret_cast<float *>(w + wl.dstates);
-    p.part = reinterpret_cast<double *>(w + wl.part);
     if (seg_p) gdn_cuda_chunk_seg_maps_at(pl, wl.sc, w + wl.fws, seg_p, seg_s);
-    const cudaError_t e = run(pl, a, p, wl, w, (cudaStream_t)stream, back ? BACK : FRONT, E, d0);
+    const cudaError_t e = run(pl, a, bound_args(pl, a, wl, w), wl, w, (cudaStream_t)stream, back ? BACK : FRONT, E, d0);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk backward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
@@ -357,17 +341,12 @@ extern "C" size_t gdn_cuda_chunk_dstate_ws(const gdn_plan *pl) {
 
 extern "C" gdn_status gdn_cuda_chunk_dstate(const gdn_plan *pl, const gdn_bwd_args *a, const int64_t *cu_dev,
                                             const float *rstd_q, const float *rstd_k, void *ws, void *stream) {
-    BwdArgs p = args_of(pl, a);
+    const WsLayout wl = ws_layout(pl, false);
+    BwdArgs p = bound_args(pl, a, wl, static_cast<char *>(ws));
     if (cu_dev) p.cu = cu_dev;
     p.rstd_q = rstd_q;
     p.rstd_k = rstd_k;
-    const WsLayout wl = ws_layout(pl, false);
-    char *w = static_cast<char *>(ws);
-    p.slot_row0 = reinterpret_cast<int64_t *>(w);
-    p.slot_c = reinterpret_cast<int *>(w + wl.info_c);
-    p.rec = reinterpret_cast<float *>(w + wl.rec);
-    p.states = nullptr;
-    p.dstates = nullptr;
+    p.states = p.dstates = nullptr;   /* the slot table and the records only */
     p.part = nullptr;
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = PrepPass<true>::attr(p.K);

@@ -53,17 +53,7 @@ int bv_of(int K) { return K <= 128 ? 128 : 64; }
  * block) blocks would leave most SMs idle, or when asked (exec.seq_split) */
 int seg_chunks(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
-    const int64_t maxch = (pl->max_len + CC - 1) / CC, blocks = pl->N * c->HV * ((c->V + bv_of(c->K) - 1) / bv_of(c->K));
-    int64_t want;
-    if (pl->seq_split == 1 || maxch < 2) return 0;
-    if (pl->seq_split > 1) want = pl->seq_split;
-    else {
-        if (2 * blocks > gdn::sm_count() || maxch < 16) return 0;
-        want = gdn::sm_count() / blocks;
-    }
-    int64_t sc = (maxch + want - 1) / want;
-    if (pl->seq_split == 0 && sc < 8) sc = 8;
-    return sc >= maxch ? 0 : (int)sc;
+    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + bv_of(c->K) - 1) / bv_of(c->K)));
 }
 
 void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st) {

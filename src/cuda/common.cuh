@@ -1,10 +1,11 @@
-/* Device helpers shared by the CUDA kernels: dtype loads and stores, the
- * gate, block reductions. */
+/* Helpers shared by the CUDA kernels: the SM count and the sequence split's
+ * rule (host), dtype loads and stores, the gate, block reductions. */
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include "common/common.h"
 
 namespace gdn {
 
@@ -17,6 +18,25 @@ inline int sm_count() {
             n = 132;
     }
     return n;
+}
+
+/* chunks per segment of the sequence split (DESIGN §8) of a walk of `blocks`
+ * blocks (sequence x value head x column block) over chunks of 64 tokens;
+ * 0 = no split: only where the blocks would leave most SMs idle (2 x blocks
+ * <= SMs, 16 or more chunks) or when asked (exec.seq_split > 1; 1 = never).
+ * The chunk forward and backward each pass their own block count. */
+inline int split_chunks(const gdn_plan *pl, int64_t blocks) {
+    const int64_t maxch = (pl->max_len + 63) / 64;
+    int64_t want;
+    if (pl->seq_split == 1 || maxch < 2) return 0;
+    if (pl->seq_split > 1) want = pl->seq_split;
+    else {
+        if (2 * blocks > sm_count() || maxch < 16) return 0;
+        want = sm_count() / blocks;
+    }
+    int64_t sc = (maxch + want - 1) / want;
+    if (pl->seq_split == 0 && sc < 8) sc = 8;
+    return sc >= maxch ? 0 : (int)sc;
 }
 
 __device__ __forceinline__ float ld(const void *p, int64_t i, int dt) {
