@@ -12,7 +12,8 @@ from gdn import capi as gdn
 
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-from gpu_common import (DEV, FLA_CHUNK_BETA, FLA_CHUNK_CU_CPU, FLA_CHUNK_GATE, GDN_DTYPE, ChunkShape, Row, buffer,
+from gpu_common import (DEV, FLA_CHUNK_CU_CPU, GDN_DTYPE, ChunkShape, Row, buffer,
+                        fla_fused_gates,
                         bytes_chunk_bwd, bytes_chunk_fwd, flops_chunk_bwd, flops_chunk_fwd, gdn_exec, note, ptr,
                         rel_err)
 
@@ -104,15 +105,7 @@ def fla_chunk(s, t, x):
             kw["cu_seqlens_cpu"] = t["cu_cpu"]
     g, beta = x["g"], x["beta"]
     if s.fused:
-        kw["use_qk_l2norm_in_kernel"] = True
-        if FLA_CHUNK_GATE:
-            kw.update(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
-        else:
-            g = -x["A_log"].exp() * F.softplus(g.float() + x["dt_bias"])
-        if FLA_CHUNK_BETA:
-            kw["use_beta_sigmoid_in_kernel"] = True
-        else:
-            beta = beta.sigmoid()
+        g, beta = fla_fused_gates(g, beta, x["A_log"], x["dt_bias"], kw)
     return chunk_gated_delta_rule(x["q"], x["k"], x["v"], g, beta, **kw)
 
 

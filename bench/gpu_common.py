@@ -42,6 +42,23 @@ FLA_REC_BETA = "use_beta_sigmoid_in_kernel" in _rec_params
 NOTES = []
 
 
+def fla_fused_gates(g, beta, A_log, dt_bias, kw):
+    """q/k L2 norm, the gate -exp(A_log) softplus(a + dt_bias) and beta's sigmoid for FLA's chunk
+    call: in its kernel where this FLA has them (added to kw), else by torch ops here (inside
+    the caller's timed region); returns the (g, beta) to pass."""
+    import torch.nn.functional as F
+    kw["use_qk_l2norm_in_kernel"] = True
+    if FLA_CHUNK_GATE:
+        kw.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    else:
+        g = -A_log.exp() * F.softplus(g.float() + dt_bias)
+    if FLA_CHUNK_BETA:
+        kw["use_beta_sigmoid_in_kernel"] = True
+    else:
+        beta = beta.sigmoid()
+    return g, beta
+
+
 def note(text):
     if text not in NOTES:
         NOTES.append(text)

@@ -64,18 +64,9 @@ def step(x, ctx, backward):
 def fla_step(x, ctx, backward):
     """FLA's chunk_gated_delta_rule on the same inputs: the gate and beta in its kernel where this
     FLA has them, else by torch ops inside the step"""
-    from gpu_common import FLA_CHUNK_BETA, FLA_CHUNK_GATE, chunk_gated_delta_rule
-    import torch.nn.functional as F
-    kw = dict(use_qk_l2norm_in_kernel=True)
-    g, beta = x["a"], x["b"]
-    if FLA_CHUNK_GATE:
-        kw.update(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
-    else:
-        g = -x["A_log"].exp() * F.softplus(g.float() + x["dt_bias"])
-    if FLA_CHUNK_BETA:
-        kw["use_beta_sigmoid_in_kernel"] = True
-    else:
-        beta = beta.sigmoid()
+    from gpu_common import chunk_gated_delta_rule, fla_fused_gates
+    kw = {}
+    g, beta = fla_fused_gates(x["a"], x["b"], x["A_log"], x["dt_bias"], kw)
     if ctx is not None:
         kw["cp_context"] = ctx
     o, _ = chunk_gated_delta_rule(x["q"], x["k"], x["v"], g, beta, **kw)
