@@ -636,8 +636,10 @@ static void bad_input(void) {
     ba0.dout = in; ba0.dht = in; ba0.workspace = ws; ba0.workspace_bytes = big * 4;
     const size_t mfl = gdn_cp_map_floats(&c0);
     char ctx[256];
-    for (int op = 0; op < 6; op++) {
-        static const char *opn[6] = {"cp_fwd_map", "cp_bwd_map", "cp_fwd_scan", "cp_bwd_scan", "cp_bwd_begin", "cp_bwd_finish"};
+    for (int op = 0; op < 8; op++) {
+        static const char *opn[8] = {"cp_fwd_map", "cp_bwd_map", "cp_fwd_scan", "cp_bwd_scan", "cp_bwd_begin", "cp_bwd_finish",
+                                     "cp_fwd_begin", "cp_fwd_finish"};
+        const int fwd = op == 0 || op >= 6;   /* the calls that take gdn_fwd_args */
         for (int m = 0; m < 17; m++) {
             gdn_config c = c0;
             gdn_cp_config cp = cp0;
@@ -648,7 +650,8 @@ static void bad_input(void) {
                 ba.dq = ba.dk = ba.dv = ba.dg = ba.dbeta = map;
                 ba.dA_log = ba.ddt_bias = ba.dh0 = map;
             }
-            if (op >= 4) { ba.saved = in; ba.saved_bytes = gdn_chunk_saved_size(&c0); }
+            if (op == 4 || op == 5) { ba.saved = in; ba.saved_bytes = gdn_chunk_saved_size(&c0); }
+            if (op == 7) fa.o = fa.ht = map;   /* gdn_chunk_fwd's outputs in the watched buffer */
             const gdn_config *cfgp = &c;
             const gdn_cp_config *cpp = &cp;
             float *out = map;
@@ -670,24 +673,27 @@ static void bad_input(void) {
             case 9: cfgp = NULL; expect = 1u << GDN_ERR_NULL; what = "cfg NULL"; must = NULL; break;
             case 10: ex.backend = GDN_BACKEND_CUDA;
                      expect = (1u << GDN_ERR_UNSUPPORTED) | (1u << GDN_ERR_BACKEND); what = "CUDA backend"; must = NULL; break;
-            case 11: if (op == 2 || op == 3) { mp = NULL; must = "maps"; }
+            case 11: if (op == 7) continue;
+                     if (op == 2 || op == 3) { mp = NULL; must = "maps"; }
                      else if (op == 5) { mp = NULL; must = "dS_out"; }
-                     else { out = NULL; must = op ? "bmap" : "map"; }
+                     else { out = NULL; must = fwd ? "map" : "bmap"; }
                      expect = 1u << GDN_ERR_NULL; what = "maps / map / dS_out NULL"; break;
             case 12: if (op == 2 || op == 3) { out = NULL; must = op == 2 ? "S_in" : "dS_out"; }
-                     else if (op == 0) { fa.q = NULL; must = "q"; } else { ba.dout = NULL; must = "dout"; }
+                     else if (fwd) { fa.q = NULL; must = "q"; } else { ba.dout = NULL; must = "dout"; }
                      expect = 1u << GDN_ERR_NULL; what = "S_in / dS_out / q / dout NULL"; break;
             case 13: if (op == 0) fa.workspace_bytes = gdn_cp_fwd_map_workspace_size(&ex, &c, &cp) - 1;
                      else if (op == 1) ba.workspace_bytes = gdn_cp_bwd_map_workspace_size(&ex, &c, &cp) - 1;
-                     else if (op >= 4) ba.workspace_bytes = gdn_cp_bwd_workspace_size(&ex, &c, &cp) - 1;
+                     else if (op == 4 || op == 5) ba.workspace_bytes = gdn_cp_bwd_workspace_size(&ex, &c, &cp) - 1;
+                     else if (op >= 6) fa.workspace_bytes = gdn_cp_fwd_workspace_size(&ex, &c, &cp) - 1;
                      else continue;
                      expect = 1u << GDN_ERR_WORKSPACE; what = "workspace one byte too small"; must = "workspace_bytes"; break;
-            case 14: if (op == 0) fa.A_log = NULL; else if (op == 1 || op >= 4) ba.A_log = NULL; else continue;
+            case 14: if (fwd) fa.A_log = NULL; else if (op == 1 || op >= 4) ba.A_log = NULL; else continue;
                      expect = 1u << GDN_ERR_NULL; what = "A_log NULL with GATE_FUSED"; must = "A_log"; break;
-            case 15: if (op == 0) fa.workspace = NULL; else if (op == 1 || op >= 4) ba.workspace = NULL; else continue;
+            case 15: if (fwd) fa.workspace = NULL; else if (op == 1 || op >= 4) ba.workspace = NULL; else continue;
                      expect = (1u << GDN_ERR_NULL) | (1u << GDN_ERR_WORKSPACE); what = "workspace NULL"; must = "workspace"; break;
             case 16: if (op != 1 && op < 4) continue;
-                     ba.saved = ws; ba.saved_bytes = 4;
+                     if (fwd) { fa.saved = map; fa.saved_bytes = 4; }
+                     else { ba.saved = ws; ba.saved_bytes = 4; }
                      expect = 1u << GDN_ERR_WORKSPACE; what = "saved_bytes too small"; must = "saved_bytes"; break;
             default: continue;
             }
@@ -701,7 +707,9 @@ static void bad_input(void) {
             case 2: st = gdn_cp_fwd_scan(&ex, cfgp, cpp, mp, out); break;
             case 3: st = gdn_cp_bwd_scan(&ex, cfgp, cpp, mp, out); break;
             case 4: st = gdn_cp_bwd_begin(&ex, cfgp, cpp, &ba, NULL, out); break;
-            default: st = gdn_cp_bwd_finish(&ex, cfgp, cpp, &ba, mp); break;
+            case 5: st = gdn_cp_bwd_finish(&ex, cfgp, cpp, &ba, mp); break;
+            case 6: st = gdn_cp_fwd_begin(&ex, cfgp, cpp, &fa, out); break;
+            default: st = gdn_cp_fwd_finish(&ex, cfgp, cpp, &fa); break;
             }
             snprintf(ctx, sizeof ctx, "op=%s backend=cpu bad input: %s", opn[op], what);
             const char *msg = gdn_last_error();
