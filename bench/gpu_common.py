@@ -42,17 +42,20 @@ FLA_REC_BETA = "use_beta_sigmoid_in_kernel" in _rec_params
 NOTES = []
 
 
-def fla_fused_gates(g, beta, A_log, dt_bias, kw):
-    """q/k L2 norm, the gate -exp(A_log) softplus(a + dt_bias) and beta's sigmoid for FLA's chunk
-    call: in its kernel where this FLA has them (added to kw), else by torch ops here (inside
-    the caller's timed region); returns the (g, beta) to pass."""
+def fla_fused_gates(g, beta, A_log, dt_bias, kw, gate_in=None, beta_in=None):
+    """q/k L2 norm, the gate -exp(A_log) softplus(a + dt_bias) and beta's sigmoid for an FLA call:
+    in its kernel where this FLA has them (added to kw; gate_in, beta_in: whether the call takes
+    them, default the chunk call's), else by torch ops here (inside the caller's timed region);
+    returns the (g, beta) to pass."""
     import torch.nn.functional as F
+    gate_in = FLA_CHUNK_GATE if gate_in is None else gate_in
+    beta_in = FLA_CHUNK_BETA if beta_in is None else beta_in
     kw["use_qk_l2norm_in_kernel"] = True
-    if FLA_CHUNK_GATE:
+    if gate_in:
         kw.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
     else:
         g = -A_log.exp() * F.softplus(g.float() + dt_bias)
-    if FLA_CHUNK_BETA:
+    if beta_in:
         kw["use_beta_sigmoid_in_kernel"] = True
     else:
         beta = beta.sigmoid()

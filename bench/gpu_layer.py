@@ -4,13 +4,13 @@ L2 norm forward, each beside FLA."""
 import math
 
 import torch
-import torch.nn.functional as F
 
 from gdn import capi as gdn
 
 from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
 from gpu_common import (DEV, FLA_REC_BETA, FLA_REC_GATE, L2_BYTES, Row, _fla_optional, bytes_conv1d_fwd,
+                        fla_fused_gates,
                         bytes_conv1d_update, bytes_decode, bytes_l2norm_fwd, bytes_rmsnorm_gated_fwd, flops_decode,
                         gdn_exec, graph_us, note, ptr, rel_err)
 
@@ -61,19 +61,12 @@ def bench_decode(B, want_eager, want_graph):
         return lambda i=0: gdn.decode_step(ex, cfg, args[i % npool])
 
     def fla_step(i=0, h0=None):
-        g, beta, kw = a.view(1, B, HV), b.view(1, B, HV), {}
-        if FLA_REC_GATE:
-            kw.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
-        else:
-            g = -A_log.exp() * F.softplus(g.float() + dt_bias)
-        if FLA_REC_BETA:
-            kw["use_beta_sigmoid_in_kernel"] = True
-        else:
-            beta = beta.sigmoid()
+        kw = {}
+        g, beta = fla_fused_gates(a.view(1, B, HV), b.view(1, B, HV), A_log, dt_bias, kw, FLA_REC_GATE, FLA_REC_BETA)
         r = i % npool
         return fused_recurrent_gated_delta_rule(
             q, k, v, g=g, beta=beta, initial_state=pool[r * B:(r + 1) * B] if h0 is None else h0,
-            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **kw)
+            output_final_state=True, cu_seqlens=cu, **kw)
 
     shape = f"B{B} {DEC_SHAPE}"
     flops, nbytes = flops_decode(B, H, HV, K, V), bytes_decode(B, H, HV, K, V, 2)
