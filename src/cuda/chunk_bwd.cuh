@@ -314,22 +314,32 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
             row[t] = (float)(acc + colsum);
         }
         __syncthreads();
-        if (t == 0) {
-            if (p.flags & GDN_GATE_FUSED) {
+        if (p.flags & GDN_GATE_FUSED) {
+            /* token t by thread t; the partials summed over the tokens by a
+             * fixed tree (shuffles in each of the two warps, then warp 0 + warp 1) */
+            double sa = 0, sb = 0;
+            if (t < c) {
                 const float A = -expf(p.A_log[j]), bias = p.dt_bias ? p.dt_bias[j] : 0.f;
-                double sa = 0, sb = 0;
-                for (int u = 0; u < c; u++) {
-                    const float x = gdn::ld(p.g, (row0 + u) * HV + j, p.gdt) + bias;
-                    const float dg = row[u];
-                    sa += (double)dg * (double)rec[R_G + u];
-                    row[u] = dg * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
-                    sb += row[u];
+                const float x = gdn::ld(p.g, (row0 + t) * HV + j, p.gdt) + bias;
+                const float dg = row[t];
+                sa = (double)dg * (double)rec[R_G + t];
+                row[t] = dg * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
+                sb = row[t];
+            }
+            if (t < CC) {
+#pragma unroll
+                for (int o = 16; o; o >>= 1) {
+                    sa += __shfl_xor_sync(0xffffffffu, sa, o);
+                    sb += __shfl_xor_sync(0xffffffffu, sb, o);
                 }
-                p.part[gi] = sa;
-                p.part[p.nslots * HV + gi] = sb;
+                if ((t & 31) == 0) { pre[0][t >> 5] = sa; pre[1][t >> 5] = sb; }
+            }
+            __syncthreads();
+            if (t == 0) {
+                p.part[gi] = pre[0][0] + pre[0][1];
+                p.part[p.nslots * HV + gi] = pre[1][0] + pre[1][1];
             }
         }
-        __syncthreads();
         if (t < c) gdn::st(p.dg, (row0 + t) * HV + j, row[t], p.gdt);
     }
     if (t < c) {

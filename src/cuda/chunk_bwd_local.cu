@@ -17,7 +17,11 @@
  * the products of dP~, dBk = Tm^T dWk, dA = -Tm^T dTm Tm^T and KK = K K^T.
  * Only dQc and dKc leave the block (the scratch, for the sum over the G value
  * heads in grp_qk_kernel); dv, dg, dbeta and the dA_log / ddt_bias partials
- * are stored here. Products are 3xTF32 where SPLIT (mma_tf32.cuh). Warp w
+ * are stored here. Products are 3xTF32 where SPLIT, else one tf32 product on
+ * operands rounded to tf32 as they are stored; every product is fed from
+ * its arrays by pointer (warp_mma_s, mma_tf32.cuh), by ldmatrix where the
+ * operand runs along k in memory, so P is kept transposed and X is stored
+ * transposed for U = Tm X. Warp w
  * owns rows 16 (w % 4) and half w / 4 of the columns of every c x K and c x c
  * sum; the panel's c x VP products are dealt one 16 x 16 tile per warp. */
 #include "cuda/chunk_bwd.cuh"
@@ -33,9 +37,9 @@ constexpr int VP = 32, LP = VP + 4;   /* panel columns; row stride of the panel 
 template <int KH> struct Lay {
     static constexpr int LK = KH + 4;   /* row stride of the c x K arrays (4 mod 32) */
     static constexpr int Kc = 0, Tm = Kc + CC * LK, P = Tm + CC * R4, A = P + CC * R4;
-    /* the V walk */
+    /* the V walk (S0q, dSq: the second pair of PanelFetch's buffers) */
     static constexpr int S0p = A, dSp = S0p + KH * LP, Vp = dSp + KH * LP, dOp = Vp + CC * LP, Xp = dOp + CC * LP,
-                         Up = Xp + CC * LP, dUp = Up + CC * LP, end1 = dUp + CC * LP;
+                         Up = Xp + CC * LP, dUp = Up + CC * LP, S0q = dUp + CC * LP, dSq = S0q + KH * LP, end1 = dSq + KH * LP;
     /* the K side (Q and dWk also hold gate_store's prefix sums at the end) */
     static constexpr int Q = A, dWk = Q + CC * LK, dP = dWk + CC * LK, dTm = dP + CC * R4, tmp = dTm + CC * R4,
                          Rg = tmp + CC * R4, end2 = Rg + CC * R4;
@@ -93,11 +97,12 @@ __device__ __forceinline__ void row_axpy(Acc<NR> &dst, const Acc<NR> &src, int w
         }
 }
 
-/* acc[r] += A B over k in [k0, k1) for the warp's c x K tiles */
-template <bool SPLIT, int NR, typename FA, typename FB>
-__device__ __forceinline__ void acc_ck(Acc<NR> &acc, int wr, int kc0, int k0, int k1, const FA &a, const FB &b) {
+/* acc[r] += A B over k in [k0, k1) for the warp's c x K tiles (operands as
+ * warp_mma_s takes them) */
+template <bool SPLIT, bool AT, bool BK, int NR>
+__device__ __forceinline__ void acc_ck(Acc<NR> &acc, int wr, int kc0, int k0, int k1, const float *A, int lda, const float *B, int ldb) {
 #pragma unroll
-    for (int r = 0; r < NR; r++) gdn::warp_mma<SPLIT>(acc[r], a, b, wr, kc0 + 32 * r, 4, k0, k1);
+    for (int r = 0; r < NR; r++) gdn::warp_mma_s<SPLIT, AT, BK, 4>(acc[r], A, lda, B, ldb, wr, kc0 + 32 * r, k0, k1);
 }
 template <int NR, typename FE>
 __device__ __forceinline__ void store_ck(const Acc<NR> &acc, int wr, int kc0, int K, const FE &epi) {
@@ -105,20 +110,41 @@ __device__ __forceinline__ void store_ck(const Acc<NR> &acc, int wr, int kc0, in
     for (int r = 0; r < NR; r++) gdn::warp_store(acc[r], wr, kc0 + 32 * r, 4, CC, K, epi);
 }
 
-constexpr int FROM_ROW = -1;   /* panel_mm's k0: from the tile's first row (upper operand); k1: to its last (lower) */
-/* one 16 x 16 tile of a c x VP panel product per warp: epi(t, v, A B) */
-template <bool SPLIT, typename FA, typename FB, typename FE>
-__device__ __forceinline__ void panel_mm(int k0, int k1, const FA &a, const FB &b, const FE &epi) {
-    const int warp = threadIdx.x >> 5, i0 = (warp >> 1) * 16, n0 = (warp & 1) * 16;
-    float acc[4][4] = {};
-    gdn::warp_mma<SPLIT>(acc, a, b, i0, n0, 2, k0 < 0 ? i0 : k0, k1 < 0 ? i0 + 16 : k1);
-    gdn::warp_store(acc, i0, n0, 2, CC, VP, epi);
+/* the warp's c x K tiles to rows of K floats at w (global memory), two
+ * columns a store where K is even */
+template <int NR> __device__ __forceinline__ void store_rows(const Acc<NR> &acc, int wr, int kc0, int K, float *w) {
+    if (K & 1) {
+        store_ck<NR>(acc, wr, kc0, K, [&](int t, int i, float x) { w[t * K + i] = x; });
+        return;
+    }
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int n = kc0 + 32 * r + 8 * q + 2 * t4;
+            if (n < K) {
+                *reinterpret_cast<float2 *>(w + (wr + g) * K + n) = make_float2(acc[r][q][0], acc[r][q][1]);
+                *reinterpret_cast<float2 *>(w + (wr + g + 8) * K + n) = make_float2(acc[r][q][2], acc[r][q][3]);
+            }
+        }
+}
+
+/* the warp's 16 x 16 tile of a c x VP panel product: rows i0, columns n0 */
+__device__ __forceinline__ int panel_i0() { return ((threadIdx.x >> 5) >> 1) * 16; }
+__device__ __forceinline__ int panel_n0() { return ((threadIdx.x >> 5) & 1) * 16; }
+template <bool SPLIT, bool AT, bool BK>
+__device__ __forceinline__ void panel_acc(float (&acc)[4][4], int k0, int k1, const float *A, int lda, const float *B, int ldb) {
+    gdn::warp_mma_s<SPLIT, AT, BK, 2>(acc, A, lda, B, ldb, panel_i0(), panel_n0(), k0, k1);
+}
+template <typename FE> __device__ __forceinline__ void panel_store(const float (&acc)[4][4], const FE &epi) {
+    gdn::warp_store(acc, panel_i0(), panel_n0(), 2, CC, VP, epi);
 }
 
 /* rows [0, KH) x columns [v0, v0 + VP) of a K x V fp32 state into dst
- * (stride LP), zero past K and V: 16-byte loads where V % 4 == 0, all of a
- * thread's in flight at once */
-template <int KH>
+ * (stride LP), zero past K and V, rounded to tf32 without SPLIT: 16-byte
+ * loads where V % 4 == 0, all of a thread's in flight at once */
+template <bool SPLIT, int KH>
 __device__ __forceinline__ void load_panel(float *dst, const float *S, int K, int V, int v0) {
     constexpr int N4 = KH * VP / 4 / NT;   /* float4 per thread */
     if ((V & 3) == 0) {
@@ -131,12 +157,80 @@ __device__ __forceinline__ void load_panel(float *dst, const float *S, int K, in
 #pragma unroll
         for (int u = 0; u < N4; u++) {
             const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
-            *reinterpret_cast<float4 *>(dst + i * LP + 4 * q) = r[u];
+            const float4 x = make_float4(gdn::tf32r_if<SPLIT>(r[u].x), gdn::tf32r_if<SPLIT>(r[u].y), gdn::tf32r_if<SPLIT>(r[u].z),
+                                         gdn::tf32r_if<SPLIT>(r[u].w));
+            *reinterpret_cast<float4 *>(dst + i * LP + 4 * q) = x;
         }
     } else {
         batched<8>(KH * VP, [&](int e) { const int i = e / VP, v = v0 + e % VP; return i < K && v < V ? S[(int64_t)i * V + v] : 0.f; },
-                   [&](int e, float x) { dst[(e / VP) * LP + e % VP] = x; });
+                   [&](int e, float x) { dst[(e / VP) * LP + e % VP] = gdn::tf32r_if<SPLIT>(x); });
     }
+}
+
+/* one panel's S0, dS, v, dO rows, issued a panel ahead (bf16 / f16 inputs,
+ * V % VP == 0, V % 4 == 0, v and dO in 16-byte rows): S0 and dS rows < K by
+ * cp.async into the panel's pair of buffers (the walk alternates two pairs;
+ * rows from K on are zeroed once), v and dO by 16-byte loads into registers
+ * (one piece a thread), stored by commit (rows < c; rows past c are zeroed
+ * once). commit waits for the copies and rounds the thread's own pieces to
+ * tf32 (without SPLIT) before the barrier that publishes them. */
+template <bool SPLIT, int KH> struct PanelFetch {
+    static constexpr int N4 = KH * VP / 4 / NT;   /* 16-byte pieces per thread and state */
+    Rows16<1> v, o;
+    __device__ __forceinline__ void issue(const BwdArgs &p, const float *S0, const float *dS, int64_t row0, int c, int j, int v0,
+                                          float *s0b, float *dsb) {
+        const int K = p.K, V = p.V;
+#pragma unroll
+        for (int u = 0; u < N4; u++) {
+            const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
+            if (i < K) {
+                const int64_t at = (int64_t)i * V + v0 + 4 * q;
+                gdn::cp16(s0b + i * LP + 4 * q, S0 + at, true);
+                gdn::cp16(dsb + i * LP + 4 * q, dS + at, true);
+            }
+        }
+        gdn::cp_commit();
+        v.issue(p.v, p.dt, row0, c, p.HV, j, V, v0, VP, nullptr, 0);
+        o.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VP, nullptr, 0);
+    }
+    __device__ __forceinline__ void commit(const BwdArgs &p, int c, float *s0b, float *dsb, float *Vp, float *dOp) const {
+        gdn::cp_wait_all();
+        if (!SPLIT) {
+#pragma unroll
+            for (int u = 0; u < N4; u++) {
+                const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
+                if (i < p.K) {
+                    float4 *x = reinterpret_cast<float4 *>(s0b + i * LP + 4 * q), *y = reinterpret_cast<float4 *>(dsb + i * LP + 4 * q);
+                    const float4 a = *x, b = *y;
+                    *x = make_float4(gdn::tf32r(a.x), gdn::tf32r(a.y), gdn::tf32r(a.z), gdn::tf32r(a.w));
+                    *y = make_float4(gdn::tf32r(b.x), gdn::tf32r(b.y), gdn::tf32r(b.z), gdn::tf32r(b.w));
+                }
+            }
+        }
+        v.commit(Vp, LP, p.dt, c, VP, 0);   /* bf16 / f16 values are tf32 already */
+        o.commit(dOp, LP, p.dt, c, VP, 0);
+    }
+};
+__device__ __forceinline__ bool panel_fetch_ok(const BwdArgs &p) {
+    return p.dt != 0 && p.V % VP == 0 && rows16_ok(p.v, p.dt, p.V, 0, VP) && rows16_ok(p.dout, p.dt, p.V, 0, VP);
+}
+
+/* a record's 64 x 64 matrix into shared memory (stride R4), transposed where
+ * asked, rounded to tf32 without SPLIT */
+template <bool SPLIT>
+__device__ __forceinline__ void commit_mat(const Mat64 &m, float *dst, bool transpose) {
+#pragma unroll
+    for (int u = 0; u < CC * CC / 4 / NT; u++) {
+        const int e = 4 * (threadIdx.x + u * NT), r = e >> 6, c0 = e & 63;
+        const float x[4] = {m.r[u].x, m.r[u].y, m.r[u].z, m.r[u].w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) dst[transpose ? (c0 + q) * R4 + r : r * R4 + c0 + q] = gdn::tf32r_if<SPLIT>(x[q]);
+    }
+}
+/* a c x ld tile rounded to tf32 in place (without SPLIT) */
+template <bool SPLIT> __device__ __forceinline__ void round_tile(float *X, int n) {
+    if (!SPLIT)
+        for (int e = threadIdx.x; e < n; e += NT) X[e] = gdn::tf32r(X[e]);
 }
 
 template <bool SPLIT, int KH>
@@ -150,29 +244,48 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     const int64_t row0 = p.slot_row0[slot];
     const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
     const int K = p.K, V = p.V, Kp = k8(K), tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wr = (warp & 3) * 16, wc = warp >> 2, kc0 = wc * (KH / 2), cc0 = wc * 32;
-    float *Kc = sm + L::Kc, *Tm = sm + L::Tm, *P = sm + L::P;
-    float *S0p = sm + L::S0p, *dSp = sm + L::dSp, *Vp = sm + L::Vp, *dOp = sm + L::dOp, *Xp = sm + L::Xp, *Up = sm + L::Up,
+    const int wr = (warp & 3) * 16, wc = warp >> 2, kc0 = wc * (KH / 2), cc0 = wc * 32, pi0 = panel_i0();
+    float *Kc = sm + L::Kc, *Tm = sm + L::Tm, *PT = sm + L::P;
+    /* the two pairs of S0, dS panel buffers: pair b at S0b(b), dSb(b) */
+    auto S0b = [&](int b) { return sm + (b ? L::S0q : L::S0p); };
+    auto dSb = [&](int b) { return sm + (b ? L::dSq : L::dSp); };
+    float *Vp = sm + L::Vp, *dOp = sm + L::dOp, *Xp = sm + L::Xp, *Up = sm + L::Up,
           *dUp = sm + L::dUp;
+    float *XT = Xp;   /* X^T [VP][R4] in Xp's place until dBv */
     float *Qs = sm + L::Q, *dWk = sm + L::dWk, *dP = sm + L::dP, *dTm = sm + L::dTm, *tmp = sm + L::tmp, *Rg = sm + L::Rg;
     double *gcd = reinterpret_cast<double *>(sm + L::end);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *dgc = ek + CC, *dbt = dgc + CC,
           *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC;
     const int64_t so = (slot * p.HV + j) * (int64_t)K * V;
     const float *S0 = p.states + so, *dS = p.dstates + so;
+    BP_DECL;
 
-    /* the chunk's k rows, Tm, P, the per-token scalars */
-    load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
-    load_64x64(Tm, R4, rec + R_TM);
-    load_64x64(P, R4, rec + R_P);
+    /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight
+     * together), and the first panel's rows */
+    const bool fetch = panel_fetch_ok(p);
+    PanelFetch<SPLIT, KH> pf;
     {
+        Mat64 mt, mp;
         RecTok r;
+        mt.issue(rec + R_TM);
+        mp.issue(rec + R_P);
         r.issue(rec);
+        if (fetch) pf.issue(p, S0, dS, row0, c, j, 0, S0b(0), dSb(0));
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
+        commit_mat<SPLIT>(mt, Tm, false);
+        commit_mat<SPLIT>(mp, PT, true);
         r.commit(gcd, gam, bet);
+    }
+    if (fetch) {   /* rows of v, dO past c and of S0, dS from K on stay zero through the walk */
+        for (int e = tid; e < (CC - c) * LP; e += NT) { Vp[c * LP + e] = 0.f; dOp[c * LP + e] = 0.f; }
+        for (int e = tid; e < (KH - K) * LP; e += NT)
+            for (int b = 0; b < 2; b++) { S0b(b)[K * LP + e] = 0.f; dSb(b)[K * LP + e] = 0.f; }
     }
     if (tid < CC) { dgc[tid] = 0.f; dbt[tid] = 0.f; }
     __syncthreads();
+    round_tile<SPLIT>(Kc, CC * LK);
     if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_t) */
+    BP(0);
 
     Acc<NR> aKd = {}, aXq = {}, aWk = {};
     float aP[4][4] = {}, aTm[4][4] = {};
@@ -180,41 +293,63 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     float tot = 0.f;                       /* sum of S0 * dS */
 
     /* ---- the V walk ---- */
-    for (int v0 = 0; v0 < V; v0 += VP) {
-        __syncthreads();   /* the previous panel's arrays are no longer read (and ek is set) */
-        load_panel<KH>(S0p, S0, K, V, v0);
-        load_panel<KH>(dSp, dS, K, V, v0);
-        load_rows_v(p, p.v, row0, c, j, v0, VP, Vp, LP);
-        load_rows_v(p, p.dout, row0, c, j, v0, VP, dOp, LP);
-        __syncthreads();
-        for (int e = tid; e < K * VP; e += NT) tot = fmaf(S0p[(e / VP) * LP + e % VP], dSp[(e / VP) * LP + e % VP], tot);
-        /* X = Bv - Bk S0 = beta v - beta exp(gc) K S0 */
-        panel_mm<SPLIT>(0, Kp, [&](int t, int i) { return Kc[t * LK + i]; }, [&](int i, int v) { return S0p[i * LP + v]; },
-                        [&](int t, int v, float acc) {
-                            Xp[t * LP + v] = t < c ? bet[t] * Vp[t * LP + v] - (bet[t] * gam[t]) * acc : 0.f;
-                        });
-        /* dU = P^T dO + Kd dS, k over (s, then i) */
-        panel_mm<SPLIT>(
-            FROM_ROW, CC + Kp, [&](int t, int k) { return k < CC ? P[k * R4 + t] : ek[t] * Kc[t * LK + k - CC]; },
-            [&](int k, int v) { return k < CC ? dOp[k * LP + v] : dSp[(k - CC) * LP + v]; },
-            [&](int t, int v, float acc) { dUp[t * LP + v] = acc; });
-        __syncthreads();
-        /* U = Tm X */
-        panel_mm<SPLIT>(0, FROM_ROW, [&](int t, int s) { return Tm[t * R4 + s]; }, [&](int s, int v) { return Xp[s * LP + v]; },
-                        [&](int t, int v, float acc) { Up[t * LP + v] = acc; });
-        __syncthreads();
-        /* the sums over V; dBv = Tm^T dU into Xp */
-        acc_ck<SPLIT, NR>(aKd, wr, kc0, 0, VP, [&](int t, int v) { return Up[t * LP + v]; }, [&](int v, int i) { return dSp[i * LP + v]; });
-        acc_ck<SPLIT, NR>(aXq, wr, kc0, 0, VP, [&](int t, int v) { return dOp[t * LP + v]; }, [&](int v, int i) { return S0p[i * LP + v]; });
-        acc_ck<SPLIT, NR>(aWk, wr, kc0, 0, VP, [&](int t, int v) { return dUp[t * LP + v]; }, [&](int v, int i) { return S0p[i * LP + v]; });
-        if (cc_live) {
-            gdn::warp_mma<SPLIT>(aP, [&](int t, int v) { return dOp[t * LP + v]; }, [&](int v, int u) { return Up[u * LP + v]; }, wr, cc0, 4, 0, VP);
-            gdn::warp_mma<SPLIT>(aTm, [&](int t, int v) { return dUp[t * LP + v]; }, [&](int v, int u) { return bet[u] * Vp[u * LP + v]; }, wr,
-                                 cc0, 4, 0, VP);
+    for (int v0 = 0, pn = 0; v0 < V; v0 += VP, pn ^= 1) {
+        float *S0p = S0b(pn), *dSp = dSb(pn);
+        __syncthreads();   /* the previous panel's arrays are no longer read (and ek, Kc are set) */
+        if (fetch) {
+            pf.commit(p, c, S0p, dSp, Vp, dOp);
+            if (v0 + VP < V) pf.issue(p, S0, dS, row0, c, j, v0 + VP, S0b(pn ^ 1), dSb(pn ^ 1));   /* the next panel's */
+        } else {
+            load_panel<SPLIT, KH>(S0p, S0, K, V, v0);
+            load_panel<SPLIT, KH>(dSp, dS, K, V, v0);
+            load_rows_v(p, p.v, row0, c, j, v0, VP, Vp, LP);
+            load_rows_v(p, p.dout, row0, c, j, v0, VP, dOp, LP);
         }
-        panel_mm<SPLIT>(FROM_ROW, CC, [&](int t, int s) { return Tm[s * R4 + t]; }, [&](int s, int v) { return dUp[s * LP + v]; },
-                        [&](int t, int v, float acc) { Xp[t * LP + v] = acc; });
         __syncthreads();
+        BP(1);
+        for (int e = tid; e < K * VP; e += NT) tot = fmaf(S0p[(e / VP) * LP + e % VP], dSp[(e / VP) * LP + e % VP], tot);
+        {
+            /* X = Bv - Bk S0 = beta v - beta exp(gc) K S0, stored transposed */
+            float a[4][4] = {};
+            panel_acc<SPLIT, false, true>(a, 0, Kp, Kc, LK, S0p, LP);
+            panel_store(a, [&](int t, int v, float acc) {
+                XT[v * R4 + t] = gdn::tf32r_if<SPLIT>(t < c ? bet[t] * Vp[t * LP + v] - (bet[t] * gam[t]) * acc : 0.f);
+            });
+            /* dU = P^T dO + diag(ek) K dS */
+            float b[4][4] = {}, d[4][4] = {};
+            panel_acc<SPLIT, false, true>(b, pi0, CC, PT, R4, dOp, LP);
+            panel_acc<SPLIT, false, true>(d, 0, Kp, Kc, LK, dSp, LP);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) b[q][r] = fmaf(ek[pi0 + (lane >> 2) + (r >> 1) * 8], d[q][r], b[q][r]);
+            panel_store(b, [&](int t, int v, float acc) { dUp[t * LP + v] = gdn::tf32r_if<SPLIT>(acc); });
+        }
+        __syncthreads();
+        BP(2);
+        {
+            /* U = Tm X */
+            float a[4][4] = {};
+            panel_acc<SPLIT, false, false>(a, 0, pi0 + 16, Tm, R4, XT, R4);
+            panel_store(a, [&](int t, int v, float acc) { Up[t * LP + v] = gdn::tf32r_if<SPLIT>(acc); });
+        }
+        __syncthreads();
+        BP(3);
+        /* the sums over V; dBv = Tm^T dU into Xp */
+        acc_ck<SPLIT, false, false, NR>(aKd, wr, kc0, 0, VP, Up, LP, dSp, LP);
+        acc_ck<SPLIT, false, false, NR>(aXq, wr, kc0, 0, VP, dOp, LP, S0p, LP);
+        acc_ck<SPLIT, false, false, NR>(aWk, wr, kc0, 0, VP, dUp, LP, S0p, LP);
+        if (cc_live) {
+            gdn::warp_mma_s<SPLIT, false, false, 4>(aP, dOp, LP, Up, LP, wr, cc0, 0, VP);
+            gdn::warp_mma_s<SPLIT, false, false, 4>(aTm, dUp, LP, Vp, LP, wr, cc0, 0, VP);   /* times beta_u at the end */
+        }
+        {
+            float a[4][4] = {};
+            panel_acc<SPLIT, true, true>(a, pi0, CC, Tm, R4, dUp, LP);
+            panel_store(a, [&](int t, int v, float acc) { Xp[t * LP + v] = acc; });
+        }
+        __syncthreads();
+        BP(4);
         /* dv = beta dBv; dbeta gets dBv . v */
         for (int e = tid; e < c * VP; e += NT) {
             const int t = e / VP, v = e % VP;
@@ -225,42 +360,53 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
             for (int v = 0; v < VP; v++) d = fmaf(Xp[tid * LP + v], Vp[tid * LP + v], d);
             dbt[tid] += d;
         }
+        BP(5);
     }
     tot = gdn::block_sum(tot, red);
     __syncthreads();   /* the panel arrays are free: the K side's arrays take their place */
+    BP(6);
 
     /* ---- the K side ---- */
     load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, LK);
-    store_ck<NR>(aWk, wr, kc0, KH, [&](int t, int i, float x) { dWk[t * LK + i] = -x; });
-    gdn::warp_store(aTm, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dTm[t * R4 + u] = x; });
+    BP(14);
+    store_ck<NR>(aWk, wr, kc0, KH, [&](int t, int i, float x) { dWk[t * LK + i] = gdn::tf32r_if<SPLIT>(-x); });
+    gdn::warp_store(aTm, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dTm[t * R4 + u] = x * bet[u]; });
     /* dP -> the pair terms Rg = dP * P and dP~ = scale E dP (lower), scale dP (diagonal) */
     gdn::warp_store(aP, wr, cc0, 4, CC, CC, [&](int t, int u, float x) {
-        Rg[t * R4 + u] = u < t && t < c ? x * P[t * R4 + u] : 0.f;
-        dP[t * R4 + u] = u < t ? x * p.scale * Ef(gcd, t, u) : u == t ? x * p.scale : 0.f;
+        Rg[t * R4 + u] = u < t && t < c ? x * PT[u * R4 + t] : 0.f;
+        dP[t * R4 + u] = gdn::tf32r_if<SPLIT>(u < t ? x * p.scale * Ef(gcd, t, u) : u == t ? x * p.scale : 0.f);
     });
     __syncthreads();
+    BP(15);
+    if (!SPLIT) {
+        round_tile<SPLIT>(Qs, CC * LK);
+        __syncthreads();
+    }
+    BP(16);
     /* dgc_t += scale exp(gc_t) (q_t . Xq_t); the pairs (last, t) of S1's gate: Rg += E (k_t . dKd_t) */
     row_dots<NR>(aXq, Qs, LK, wr, kc0, rpb + wc * CC);
     row_dots<NR>(aKd, Kc, LK, wr, kc0, rpa + wc * CC);
     row_scale<NR>(aXq, wr, [&](int t) { return t < c ? p.scale * gam[t] : 0.f; });   /* dQc = scale exp(gc) Xq */
     row_scale<NR>(aKd, wr, [&](int t) { return ek[t]; });                               /* dKc = exp(gc_last - gc) dKd */
     __syncthreads();
+    BP(7);
     if (tid < c) {
         dgc[tid] += p.scale * gam[tid] * (rpb[tid] + rpb[CC + tid]);
         if (tid < c - 1) Rg[(c - 1) * R4 + tid] += ek[tid] * (rpa[tid] + rpa[CC + tid]);
         else dgc[tid] += gam[tid] * tot;
     }
     /* dQc += dP~ K; dKc += dP~^T Q; dTm += dWk Bk^T, strictly lower */
-    acc_ck<SPLIT, NR>(aXq, wr, kc0, 0, wr + 16, [&](int t, int s) { return dP[t * R4 + s]; }, [&](int s, int i) { return Kc[s * LK + i]; });
-    acc_ck<SPLIT, NR>(aKd, wr, kc0, wr, CC, [&](int t, int s) { return dP[s * R4 + t]; }, [&](int s, int i) { return Qs[s * LK + i]; });
+    acc_ck<SPLIT, false, true, NR>(aXq, wr, kc0, 0, wr + 16, dP, R4, Kc, LK);
+    acc_ck<SPLIT, true, true, NR>(aKd, wr, kc0, wr, CC, dP, R4, Qs, LK);
     {
         float a[4][4] = {};
-        if (cc_live)
-            gdn::warp_mma<SPLIT>(a, [&](int t, int i) { return dWk[t * LK + i]; }, [&](int i, int u) { return (bet[u] * gam[u]) * Kc[u * LK + i]; },
-                                 wr, cc0, 4, 0, Kp);
-        gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dTm[t * R4 + u] = u < t ? dTm[t * R4 + u] + x : 0.f; });
+        if (cc_live) gdn::warp_mma_s<SPLIT, false, false, 4>(a, dWk, LK, Kc, LK, wr, cc0, 0, Kp);
+        gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) {
+            dTm[t * R4 + u] = u < t ? gdn::tf32r_if<SPLIT>(dTm[t * R4 + u] + x * (bet[u] * gam[u])) : 0.f;
+        });
     }
     __syncthreads();
+    BP(8);
     /* dBk = Tm^T dWk (in aWk); tmp = dTm Tm^T */
     {
         Acc<NR> &dBk = aWk;
@@ -268,15 +414,16 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         for (int r = 0; r < NR; r++)
 #pragma unroll
             for (int q = 0; q < 4; q++) dBk[r][q][0] = dBk[r][q][1] = dBk[r][q][2] = dBk[r][q][3] = 0.f;
-        acc_ck<SPLIT, NR>(dBk, wr, kc0, wr, CC, [&](int t, int s) { return Tm[s * R4 + t]; }, [&](int s, int i) { return dWk[s * LK + i]; });
+        acc_ck<SPLIT, true, true, NR>(dBk, wr, kc0, wr, CC, Tm, R4, dWk, LK);
         float a[4][4] = {};
-        gdn::warp_mma<SPLIT>(a, [&](int t, int s) { return dTm[t * R4 + s]; }, [&](int s, int u) { return Tm[u * R4 + s]; }, wr, cc0, 4, 0, wr + 16);
-        gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { tmp[t * R4 + u] = x; });
+        gdn::warp_mma_s<SPLIT, false, false, 4>(a, dTm, R4, Tm, R4, wr, cc0, 0, wr + 16);
+        gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { tmp[t * R4 + u] = gdn::tf32r_if<SPLIT>(x); });
         /* Bk = diag(beta exp(gc)) K: dKc += beta exp(gc) dBk; (dBk . k) to dbeta and dgc */
         row_dots<NR>(dBk, Kc, LK, wr, kc0, rpa + wc * CC);
         row_axpy<NR>(aKd, dBk, wr, [&](int t) { return t < c ? bet[t] * gam[t] : 0.f; });
     }
     __syncthreads();
+    BP(9);
     if (tid < c) {
         const float kd = rpa[tid] + rpa[CC + tid];
         dbt[tid] += gam[tid] * kd;
@@ -285,14 +432,14 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     /* dA = -Tm^T tmp (strictly lower, rows < c) into dTm's place; KK = K K^T into dWk's */
     {
         float a[4][4] = {};
-        gdn::warp_mma<SPLIT>(a, [&](int t, int s) { return Tm[s * R4 + t]; }, [&](int s, int u) { return tmp[s * R4 + u]; }, wr, cc0, 4, wr, CC);
+        gdn::warp_mma_s<SPLIT, true, true, 4>(a, Tm, R4, tmp, R4, wr, cc0, wr, CC);
         gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dTm[t * R4 + u] = u < t && t < c ? -x : 0.f; });
         float b[4][4] = {};
-        if (cc_live)
-            gdn::warp_mma<SPLIT>(b, [&](int t, int i) { return Kc[t * LK + i]; }, [&](int i, int u) { return Kc[u * LK + i]; }, wr, cc0, 4, 0, Kp);
+        if (cc_live) gdn::warp_mma_s<SPLIT, false, false, 4>(b, Kc, LK, Kc, LK, wr, cc0, 0, Kp);
         gdn::warp_store(b, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dWk[t * R4 + u] = x; });
     }
     __syncthreads();
+    BP(10);
     /* A_tu = beta_t E_tu KK_tu: dbeta, the pair terms, and dA becomes dKK */
     {
         float *dA = dTm, *KK = dWk;
@@ -302,22 +449,28 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
                 const float E = dA[t * R4 + u] * Ef(gcd, t, u), kk = KK[t * R4 + u];
                 db = fmaf(E, kk, db);
                 Rg[t * R4 + u] += E * bet[t] * kk;
-                dA[t * R4 + u] = bet[t] * E;
+                dA[t * R4 + u] = gdn::tf32r_if<SPLIT>(bet[t] * E);
             }
             db = gdn::warp_sum(db);
             if (lane == 0) dbt[t] += db;
         }
         __syncthreads();
+        BP(11);
         /* dKc += dKK K + dKK^T K */
-        acc_ck<SPLIT, NR>(aKd, wr, kc0, 0, wr + 16, [&](int t, int s) { return dA[t * R4 + s]; }, [&](int s, int i) { return Kc[s * LK + i]; });
-        acc_ck<SPLIT, NR>(aKd, wr, kc0, wr, CC, [&](int t, int s) { return dA[s * R4 + t]; }, [&](int s, int i) { return Kc[s * LK + i]; });
+        acc_ck<SPLIT, false, true, NR>(aKd, wr, kc0, 0, wr + 16, dA, R4, Kc, LK);
+        acc_ck<SPLIT, true, true, NR>(aKd, wr, kc0, wr, CC, dA, R4, Kc, LK);
     }
     /* dQc, dKc to the scratch for the sum over the value heads */
     float *w = G.scr + (int64_t)blockIdx.x * G.o.F;
-    store_ck<NR>(aXq, wr, kc0, K, [&](int t, int i, float x) { w[G.o.dQc + t * K + i] = x; });
-    store_ck<NR>(aKd, wr, kc0, K, [&](int t, int i, float x) { w[G.o.dKc + t * K + i] = x; });
+    store_rows<NR>(aXq, wr, kc0, K, w + G.o.dQc);
+    store_rows<NR>(aKd, wr, kc0, K, w + G.o.dKc);
     __syncthreads();   /* Q and dWk's space free for the prefix sums */
+    BP(12);
     gate_store(p, slot, j, row0, c, rec, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
+    BP(13);
+    BP_PRINT(G.s0 == 0 && blockIdx.x == 0,
+             "local item: start | panels: loads, X dU, U, sums dBv, dv | K: head, dP, dBk tmp, dA KK, pairs, dKc store, gate | "
+             "head: load Q, stores, round", 17, 1);
 }
 
 template <int KH> constexpr int local_smem() { return Lay<KH>::floats * (int)sizeof(float); }

@@ -77,20 +77,6 @@ template <> struct mma_traits<__half> {
     static __device__ __forceinline__ float hi(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x >> 16))); }
 };
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
-}
-__device__ __forceinline__ void ldsm2(uint32_t r[2], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(saddr(p)));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
-}
-
 /* four 8x8 b16 matrices from the accumulator layout (r[m]: row lane / 4,
  * columns 2 (lane % 4) + {0, 1} of matrix m); lane l gives the address of row
  * l % 8 of matrix l / 8. A core matrix of the blocked wgmma layout is such a
@@ -204,14 +190,6 @@ template <typename E> __device__ __forceinline__ const E *frag_bn(const E *m, in
 template <typename E> __device__ __forceinline__ const E *frag_bk(const E *m, int ld, int k0, int n0, int l) {
     return m + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
 }
-
-/* ---- cp.async ---- */
-
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr(dst)), "l"(src), "r"(full ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* ---- the TMA engine: copies completing on an mbarrier. One instruction of
  * one thread moves a chunk's rows of q, k or v (a tensor map) or the whole

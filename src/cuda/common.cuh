@@ -1,5 +1,6 @@
 /* Helpers shared by the CUDA kernels: the SM count and the sequence split's
- * rule (host), dtype loads and stores, the gate, block reductions. */
+ * rule (host), dtype loads and stores, the gate, block reductions, the
+ * shared-memory primitives (ldmatrix, cp.async). */
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -80,5 +81,28 @@ __device__ __forceinline__ float l2norm_shared(float *x, int n, float *red) {
     __syncthreads();
     return r;
 }
+
+/* ---- shared memory: its addresses, ldmatrix (8 x 8 b16 matrices: lane l
+ * gives the address of row l % 8 of matrix l / 8 and gets row l / 4, 32-bit
+ * word l % 4 of each), cp.async ---- */
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
+}
+__device__ __forceinline__ void ldsm2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(saddr(p)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(saddr(p)));
+}
+
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr(dst)), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 }  // namespace gdn

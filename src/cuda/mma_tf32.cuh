@@ -14,6 +14,7 @@
  * X[k*ld + n]) wants ld = 8 mod 32. */
 #pragma once
 #include <stdint.h>
+#include "cuda/common.cuh"
 
 namespace gdn {
 
@@ -107,6 +108,78 @@ struct full_k {
 template <bool SPLIT, typename FA, typename FB, typename FE>
 __device__ __forceinline__ void block_mm(int M, int N, int Kd, const FA &a, const FB &b, const FE &epi) {
     block_mm<SPLIT>(M, N, Kd, a, b, epi, full_k{});
+}
+
+/* ---- products fed from shared fp32 arrays by pointer, no accessors ----
+ *
+ * warp_mma_s is warp_mma with its operands given as arrays: A(i, k) =
+ * A[i*lda + k] (AT false: "row", fragments by one ldmatrix.x4 per k step) or
+ * A[k*lda + i] (AT true: four scalar loads); B(k, n) = B[n*ldb + k] (BK
+ * false: "NK", one ldmatrix.x4 per two n tiles) or B[k*ldb + n] (BK true:
+ * two scalar loads per n tile). ldmatrix moves 8 rows of 16 bytes per
+ * matrix, which for fp32 data are the 8 x 4 blocks a tf32 fragment is made
+ * of (lane l gets row l / 4, word l % 4): ld % 4 == 0 and the arrays 16-byte
+ * aligned; ld = 4 mod 32 reads them without bank conflicts.
+ *
+ * Without SPLIT the operands go to the tensor cores as they are: the unit
+ * reads the top 19 bits of each word, so arrays meant for it should hold
+ * values already rounded to tf32 (tf32r; otherwise they are truncated).
+ * With SPLIT every fragment is cut into hi + lo (3xTF32) as in warp_mma.
+ * NT n tiles of 8 (2 or 4); k0, k1 multiples of 8. */
+__device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
+template <bool SPLIT> __device__ __forceinline__ float tf32r_if(float x) { return SPLIT ? x : tf32r(x); }
+
+template <bool SPLIT, bool AT, bool BK, int NT>
+__device__ __forceinline__ void warp_mma_s(float (&acc)[4][4], const float *A, int lda, const float *B, int ldb, int i0, int n0, int k0,
+                                           int k1) {
+    static_assert(NT == 2 || NT == 4, "two or four n tiles");
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float *pa = AT ? A + t * lda + i0 + g : A + (i0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + (lane >> 4) * 4;
+    const float *pb = BK ? B + t * ldb + n0 + g : B + (n0 + (lane & 7) + ((lane >> 4) & 1) * 8) * ldb + ((lane >> 3) & 1) * 4;
+#pragma unroll 2
+    for (int k = k0; k < k1; k += 8) {
+        uint32_t a[4], b[NT][2];
+        if (AT) {
+            const float *q = pa + k * lda;
+            a[0] = __float_as_uint(q[0]); a[1] = __float_as_uint(q[8]);
+            a[2] = __float_as_uint(q[4 * lda]); a[3] = __float_as_uint(q[4 * lda + 8]);
+        } else {
+            ldsm4(a, pa + k);
+        }
+        if (BK) {
+            const float *q = pb + k * ldb;
+#pragma unroll
+            for (int j = 0; j < NT; j++) { b[j][0] = __float_as_uint(q[8 * j]); b[j][1] = __float_as_uint(q[4 * ldb + 8 * j]); }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                uint32_t r[4];
+                ldsm4(r, pb + 8 * j * ldb + k);
+                b[j][0] = r[0]; b[j][1] = r[1]; b[j + 1][0] = r[2]; b[j + 1][1] = r[3];
+            }
+        }
+        if (SPLIT) {
+            uint32_t ah[4], al[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float x = __uint_as_float(a[r]);
+                ah[r] = to_tf32(x);
+                al[r] = to_tf32(x - __uint_as_float(ah[r]));
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const float x0 = __uint_as_float(b[j][0]), x1 = __uint_as_float(b[j][1]);
+                const uint32_t bh0 = to_tf32(x0), bh1 = to_tf32(x1);
+                const uint32_t bl0 = to_tf32(x0 - __uint_as_float(bh0)), bl1 = to_tf32(x1 - __uint_as_float(bh1));
+                mma_tf32(acc[j], al, bh0, bh1);
+                mma_tf32(acc[j], ah, bl0, bl1);
+                mma_tf32(acc[j], ah, bh0, bh1);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NT; j++) mma_tf32(acc[j], a, b[j][0], b[j][1]);
+        }
+    }
 }
 
 }  // namespace gdn
