@@ -169,12 +169,13 @@ __device__ inline bool load_rows16(float *dst, int ld, const void *x, int dt, in
 }
 
 /* rows row0..row0+c-1 of q or k (head h), normalized by the saved rstd
- * (GDN_QK_L2NORM), into dst [64][ld]; rows >= c and columns >= K are zero.
+ * (GDN_QK_L2NORM; raw where rstd is NULL), into dst [64][ld]; rows >= c and
+ * columns >= K are zero.
  * By 16-byte pieces where aligned (load_rows16); else a warp per row, two
  * rows at a time, the lanes along the row, 2 x 9 loads in flight per lane */
 __device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rstd, int64_t row0, int c, int h, float *dst, int ld) {
     constexpr int PER = (256 + 4 + 31) / 32;   /* ld <= 260 */
-    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const bool l2 = (p.flags & GDN_QK_L2NORM) && rstd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = p.K;
     if (load_rows16(dst, ld, x, p.dt, row0, c, p.H, h, K, 0, K, l2 ? rstd : nullptr)) {
         for (int e = threadIdx.x; e < CC * ld; e += NT) {   /* the zeros: rows past c, columns past K */

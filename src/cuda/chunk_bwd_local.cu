@@ -193,15 +193,18 @@ template <bool SPLIT, int KH> struct PanelFetch {
         v.issue(p.v, p.dt, row0, c, p.HV, j, V, v0, VP, nullptr, 0);
         o.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VP, nullptr, 0);
     }
-    __device__ __forceinline__ void commit(const BwdArgs &p, int c, float *s0b, float *dsb, float *Vp, float *dOp) const {
+    /* returns the thread's part of the sum of S0 * dS over the panel */
+    __device__ __forceinline__ float commit(const BwdArgs &p, int c, float *s0b, float *dsb, float *Vp, float *dOp) const {
         gdn::cp_wait_all();
-        if (!SPLIT) {
+        float tot = 0.f;
 #pragma unroll
-            for (int u = 0; u < N4; u++) {
-                const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
-                if (i < p.K) {
-                    float4 *x = reinterpret_cast<float4 *>(s0b + i * LP + 4 * q), *y = reinterpret_cast<float4 *>(dsb + i * LP + 4 * q);
-                    const float4 a = *x, b = *y;
+        for (int u = 0; u < N4; u++) {
+            const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
+            if (i < p.K) {
+                float4 *x = reinterpret_cast<float4 *>(s0b + i * LP + 4 * q), *y = reinterpret_cast<float4 *>(dsb + i * LP + 4 * q);
+                const float4 a = *x, b = *y;
+                tot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, tot))));
+                if (!SPLIT) {
                     *x = make_float4(gdn::tf32r(a.x), gdn::tf32r(a.y), gdn::tf32r(a.z), gdn::tf32r(a.w));
                     *y = make_float4(gdn::tf32r(b.x), gdn::tf32r(b.y), gdn::tf32r(b.z), gdn::tf32r(b.w));
                 }
@@ -209,6 +212,7 @@ template <bool SPLIT, int KH> struct PanelFetch {
         }
         v.commit(Vp, LP, p.dt, c, VP, 0);   /* bf16 / f16 values are tf32 already */
         o.commit(dOp, LP, p.dt, c, VP, 0);
+        return tot;
     }
 };
 __device__ __forceinline__ bool panel_fetch_ok(const BwdArgs &p) {
@@ -297,7 +301,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         float *S0p = S0b(pn), *dSp = dSb(pn);
         __syncthreads();   /* the previous panel's arrays are no longer read (and ek, Kc are set) */
         if (fetch) {
-            pf.commit(p, c, S0p, dSp, Vp, dOp);
+            tot += pf.commit(p, c, S0p, dSp, Vp, dOp);
             if (v0 + VP < V) pf.issue(p, S0, dS, row0, c, j, v0 + VP, S0b(pn ^ 1), dSb(pn ^ 1));   /* the next panel's */
         } else {
             load_panel<SPLIT, KH>(S0p, S0, K, V, v0);
@@ -307,18 +311,19 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         }
         __syncthreads();
         BP(1);
-        for (int e = tid; e < K * VP; e += NT) tot = fmaf(S0p[(e / VP) * LP + e % VP], dSp[(e / VP) * LP + e % VP], tot);
+        if (!fetch)
+            for (int e = tid; e < K * VP; e += NT) tot = fmaf(S0p[(e / VP) * LP + e % VP], dSp[(e / VP) * LP + e % VP], tot);
         {
             /* X = Bv - Bk S0 = beta v - beta exp(gc) K S0, stored transposed */
             float a[4][4] = {};
-            panel_acc<SPLIT, false, true>(a, 0, Kp, Kc, LK, S0p, LP);
+            panel_acc<SPLIT, false, true>(a, 0, KH, Kc, LK, S0p, LP);
             panel_store(a, [&](int t, int v, float acc) {
                 XT[v * R4 + t] = gdn::tf32r_if<SPLIT>(t < c ? bet[t] * Vp[t * LP + v] - (bet[t] * gam[t]) * acc : 0.f);
             });
             /* dU = P^T dO + diag(ek) K dS */
             float b[4][4] = {}, d[4][4] = {};
             panel_acc<SPLIT, false, true>(b, pi0, CC, PT, R4, dOp, LP);
-            panel_acc<SPLIT, false, true>(d, 0, Kp, Kc, LK, dSp, LP);
+            panel_acc<SPLIT, false, true>(d, 0, KH, Kc, LK, dSp, LP);
 #pragma unroll
             for (int q = 0; q < 4; q++)
 #pragma unroll

@@ -34,7 +34,7 @@ __device__ __forceinline__ int64_t state_at(const BwdArgs &p, int64_t n, int j, 
 /* ---- fwd_sweep: one block per (n, j, VT columns). Per chunk (chunk_fwd.c
  * gdn_chunk_u, gdn_chunk_state_step):
  *   states[slot] = S;  X = Bv - Bk S;  U = Tm X;  S = exp(gc_last) S + Kd^T U ---- */
-template <bool SPLIT>
+template <bool SPLIT, bool EX>
 __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
     const int v0 = vb * VT;
     float *S = sm, *Ks = S + Kp * R8, *Tm = Ks + CC * lk, *X = Tm + CC * R4, *U = X + CC * R8;
     double *gcd = reinterpret_cast<double *>(U + CC * R8);
-    float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC;
+    float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *rsk = ek + CC;
     for (int e = tid; e < Kp * R8; e += NT) {
         const int i = e / R8, v = v0 + e % R8;
         S[e] = (p.h0 && i < K && e % R8 < VT && v < V) ? p.h0[state_at(p, n, j, i, v)] : 0.f;
@@ -53,20 +53,23 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
     const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
     /* the next chunk's k, v rows, Tm and scalars in registers while this one
      * computes (bf16 / f16, K <= 128, aligned, whole column blocks) */
+    /* EX: the k rows raw (exact in tf32: bf16 / f16), their rstd a row scale rsk */
     const float *rk = (p.flags & GDN_QK_L2NORM) ? p.rstd_k : nullptr;
     const bool pf = p.dt != 0 && K <= 128 && v0 + VT <= V && rows16_ok(p.k, p.dt, K, 0, K) && rows16_ok(p.v, p.dt, V, v0, VT);
     Rows16<4> fk;
     Rows16<2> fv;
     Mat64 ft;
     RecTok fs;
+    float frs = 1.f;
     const auto fetch = [&](int64_t ci) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
-        fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, rk, 0);
+        fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, EX ? nullptr : rk, 0);
         fv.issue(p.v, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
         ft.issue(rec + R_TM);
         fs.issue(rec);
+        if (EX) frs = rk && tid < c ? rk[(row0 + tid) * p.H + h] : 1.f;
     };
     if (pf) {
         for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
@@ -86,10 +89,12 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
             fv.commit(X, R8, p.dt, c, VT, 0);
             ft.commit(Tm, R4);
             fs.commit(gcd, gam, bet);
+            if (EX && tid < CC) rsk[tid] = frs;
             for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
             if (ci + 1 < nch) fetch(ci + 1);
         } else {
-            load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+            load_qk(p, p.k, EX ? nullptr : p.rstd_k, row0, c, h, Ks, lk);
+            if (EX && tid < CC) rsk[tid] = rk && tid < c ? rk[(row0 + tid) * p.H + h] : 1.f;
             load_rows_v(p, p.v, row0, c, j, v0, VT, X, R8);
             load_64x64(Tm, R4, rec + R_TM);
             RecTok r;
@@ -100,23 +105,24 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_s) */
         BP(1);
         /* X = Bv - Bk S, Bv = beta v, Bk = beta exp(gc) k */
-        gdn::block_mm<SPLIT>(CC, VT, K, [&](int t, int i) { return Ks[t * lk + i]; }, [&](int i, int v) { return S[i * R8 + v]; },
-                             [&](int t, int v, float acc) {   /* X holds v (zero past c and V) */
-                                 X[t * R8 + v] = t < c ? bet[t] * X[t * R8 + v] - (bet[t] * gam[t]) * acc : 0.f;
-                             });
+        gdn::block_mm_s<SPLIT, false, true, EX>(
+            CC, VT, K, Ks, lk, S, R8,
+            [&](int t, int v, float acc) {   /* X holds v (zero past c and V) */
+                X[t * R8 + v] = t < c ? bet[t] * X[t * R8 + v] - (bet[t] * gam[t] * (EX ? rsk[t] : 1.f)) * acc : 0.f;
+            },
+            gdn::full_k{});
         __syncthreads();
         BP(2);
-        /* U = Tm X (Tm lower triangular) */
-        gdn::block_mm<SPLIT>(
-            CC, VT, CC, [&](int t, int s) { return Tm[t * R4 + s]; }, [&](int s, int v) { return X[s * R8 + v]; },
-            [&](int t, int v, float acc) { U[t * R8 + v] = acc; }, [](int i0, int *, int *k1) { *k1 = i0 + 16; });
+        /* U = diag(ek) Tm X (Tm lower triangular; the decays of Kd = diag(ek) K taken here) */
+        gdn::block_mm_s<SPLIT, false, true>(
+            CC, VT, CC, Tm, R4, X, R8, [&](int t, int v, float acc) { U[t * R8 + v] = (ek[t] * (EX ? rsk[t] : 1.f)) * acc; },
+            [](int i0, int *, int *k1) { *k1 = i0 + 16; });
         __syncthreads();
         BP(3);
         /* S = exp(gc_last) S + Kd^T U */
         const float gl = gam[c - 1];
-        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int s) { return ek[s] * Ks[s * lk + i]; },
-                             [&](int s, int v) { return U[s * R8 + v]; },
-                             [&](int i, int v, float acc) { S[i * R8 + v] = gl * S[i * R8 + v] + acc; });
+        gdn::block_mm_s<SPLIT, true, true, EX>(
+            Kp, VT, CC, Ks, lk, U, R8, [&](int i, int v, float acc) { S[i * R8 + v] = gl * S[i * R8 + v] + acc; }, gdn::full_k{});
         BP(4);
     }
     BP_PRINT(blockIdx.x == 0 && nch > 0, "fwd_sweep per chunk: store S | loads | X | U | S update", 5, nch);
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(NT, 1) fwd_sweep_kernel(BwdArgs p) {
  *   dU = P^T dO + Kd dS;  Y = Tm^T dU (= dBv)
  *   dS = exp(gc_last) dS - Bk^T Y + (scale diag(exp gc) Q)^T dO
  * (Bk^T Y = Wk^T dU, Wk = Tm Bk). dh0 = dS after the first chunk. ---- */
-template <bool SPLIT>
+template <bool SPLIT, bool EX>
 __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int K = p.K, V = p.V, tid = threadIdx.x, Kp = k8(K), lk = ld4(Kp);
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     float *dS = sm, *Ks = dS + Kp * R8, *P = Ks + CC * lk, *Tm = P + CC * R8, *dO = Tm + CC * R8, *dU = dO + CC * R8,
           *Y = P;   /* P is read only before Y is written */
     double *gcd = reinterpret_cast<double *>(dU + CC * R8);
-    float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC;
+    float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *rsk = ek + CC, *rsq = rsk + CC;
     for (int e = tid; e < Kp * R8; e += NT) {
         const int i = e / R8, v = v0 + e % R8;
         dS[e] = (p.dht && i < K && e % R8 < VT && v < V) ? p.dht[state_at(p, n, j, i, v)] : 0.f;
@@ -152,15 +158,22 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const bool pf = p.dt != 0 && K <= 128 && v0 + VT <= V && rows16_ok(p.k, p.dt, K, 0, K) && rows16_ok(p.q, p.dt, K, 0, K) &&
                     rows16_ok(p.dout, p.dt, V, v0, VT);
+    /* EX: q and k rows raw (exact in tf32: bf16 / f16), their rstd row scales rsq, rsk */
+    const float *rq = l2 ? p.rstd_q : nullptr, *rk = l2 ? p.rstd_k : nullptr;
     Rows16<4> fk, fq;
     Rows16<2> fo;
     Mat64 fp, ft;
     RecTok fs;
+    float frk = 1.f, frq = 1.f;
     const auto fetch = [&](int64_t ci) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
-        fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, l2 ? p.rstd_k : nullptr, 0);
+        fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, EX ? nullptr : rk, 0);
+        if (EX && tid < c) {
+            frk = rk ? rk[(row0 + tid) * p.H + h] : 1.f;
+            frq = rq ? rq[(row0 + tid) * p.H + h] : 1.f;
+        }
         fo.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
         fp.issue(rec + R_P);
         ft.issue(rec + R_TM);
@@ -182,12 +195,17 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             fp.commit(P, R8);
             ft.commit(Tm, R8);
             fs.commit(gcd, gam, bet);
+            if (EX && tid < CC) { rsk[tid] = tid < c ? frk : 0.f; rsq[tid] = tid < c ? frq : 0.f; }
             for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
             for (int e = tid; e < (CC - c) * R8; e += NT) dO[c * R8 + e] = 0.f;
-            fq.issue(p.q, p.dt, row0, c, p.H, h, K, 0, K, l2 ? p.rstd_q : nullptr, 0);
+            fq.issue(p.q, p.dt, row0, c, p.H, h, K, 0, K, EX ? nullptr : rq, 0);
             if (ci > 0) fetch(ci - 1);
         } else {
-            load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+            load_qk(p, p.k, EX ? nullptr : p.rstd_k, row0, c, h, Ks, lk);
+            if (EX && tid < CC) {
+                rsk[tid] = tid < c ? (rk ? rk[(row0 + tid) * p.H + h] : 1.f) : 0.f;
+                rsq[tid] = tid < c ? (rq ? rq[(row0 + tid) * p.H + h] : 1.f) : 0.f;
+            }
             load_64x64(P, R8, rec + R_P);
             load_64x64(Tm, R8, rec + R_TM);
             load_rows_v(p, p.dout, row0, c, j, v0, VT, dO, R8);
@@ -198,31 +216,39 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;
         __syncthreads();
-        /* dU = P^T dO + Kd dS, one product over k = (s, then i) */
-        gdn::block_mm<SPLIT>(
-            CC, VT, CC + Kp,
-            [&](int t, int k) { return k < CC ? P[k * R8 + t] : ek[t] * Ks[t * lk + k - CC]; },
-            [&](int k, int v) { return k < CC ? dO[k * R8 + v] : dS[(k - CC) * R8 + v]; },
-            [&](int t, int v, float acc) { dU[t * R8 + v] = acc; }, [](int i0, int *k0, int *) { *k0 = i0; });
+        /* dU = diag(ek) (K dS) + P^T dO: the first product, its rows scaled, then the second on top */
+        for (int task = tid >> 5; task < (CC / 16) * (VT / 32); task += NT / 32) {
+            const int i0 = (task / (VT / 32)) * 16, n0 = (task % (VT / 32)) * 32, g = (tid & 31) >> 2;
+            float a[4][4] = {};
+            gdn::warp_mma_s<SPLIT, false, true, 4, EX>(a, Ks, lk, dS, R8, i0, n0, 0, Kp);
+            const float e0 = ek[i0 + g] * (EX ? rsk[i0 + g] : 1.f), e1 = ek[i0 + g + 8] * (EX ? rsk[i0 + g + 8] : 1.f);
+#pragma unroll
+            for (int q = 0; q < 4; q++) { a[q][0] *= e0; a[q][1] *= e0; a[q][2] *= e1; a[q][3] *= e1; }
+            gdn::warp_mma_s<SPLIT, true, true, 4, false, EX>(a, P, R8, dO, R8, i0, n0, i0, CC);   /* dO raw: exact with EX */
+            gdn::warp_store(a, i0, n0, 4, CC, VT, [&](int t, int v, float x) { dU[t * R8 + v] = x; });
+        }
         __syncthreads();
-        /* Y = Tm^T dU */
-        gdn::block_mm<SPLIT>(
-            CC, VT, CC, [&](int t, int s) { return Tm[s * R8 + t]; }, [&](int s, int v) { return dU[s * R8 + v]; },
-            [&](int t, int v, float acc) { Y[t * R8 + v] = acc; }, [](int i0, int *k0, int *) { *k0 = i0; });
+        /* Y = diag(beta exp(gc)) Tm^T dU (the row scales of Bk = diag(beta exp(gc)) K taken here) */
+        gdn::block_mm_s<SPLIT, true, true>(
+            CC, VT, CC, Tm, R8, dU, R8, [&](int t, int v, float acc) { Y[t * R8 + v] = (bet[t] * gam[t] * (EX ? rsk[t] : 1.f)) * acc; },
+            [](int i0, int *k0, int *) { *k0 = i0; });
+        /* dO's rows times scale exp(gc_t) for the q term below (dU's product no longer reads dO) */
+        for (int e = tid; e < CC * VT; e += NT) {
+            const int t = e / VT, v = e % VT;
+            dO[t * R8 + v] *= p.scale * gam[t] * (EX ? rsq[t] : 1.f);
+        }
         __syncthreads();
         /* dS = exp(gc_last) dS - Bk^T Y */
         const float gl = gam[c - 1];
-        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (bet[t] * gam[t]) * Ks[t * lk + i]; },
-                             [&](int t, int v) { return Y[t * R8 + v]; },
-                             [&](int i, int v, float acc) { dS[i * R8 + v] = gl * dS[i * R8 + v] - acc; });
+        gdn::block_mm_s<SPLIT, true, true, EX>(
+            Kp, VT, CC, Ks, lk, Y, R8, [&](int i, int v, float acc) { dS[i * R8 + v] = gl * dS[i * R8 + v] - acc; }, gdn::full_k{});
         __syncthreads();   /* Ks free: q rows in its place (rows past c stay zero) */
         if (pf) fq.commit(Ks, lk, p.dt, c, K, 0);
-        else load_qk(p, p.q, p.rstd_q, row0, c, h, Ks, lk);
+        else load_qk(p, p.q, EX ? nullptr : p.rstd_q, row0, c, h, Ks, lk);
         __syncthreads();
-        /* dS += (scale exp(gc_t) q_t)^T dO */
-        gdn::block_mm<SPLIT>(Kp, VT, CC, [&](int i, int t) { return (p.scale * gam[t]) * Ks[t * lk + i]; },
-                             [&](int t, int v) { return dO[t * R8 + v]; },
-                             [&](int i, int v, float acc) { dS[i * R8 + v] += acc; });
+        /* dS += (scale exp(gc_t) q_t)^T dO, the scales in dO's rows */
+        gdn::block_mm_s<SPLIT, true, true, EX>(
+            Kp, VT, CC, Ks, lk, dO, R8, [&](int i, int v, float acc) { dS[i * R8 + v] += acc; }, gdn::full_k{});
     }
     if (p.dh0) {
         __syncthreads();
@@ -235,21 +261,26 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
 
 int sweep_smem(int K, bool bwd) {
     const int Kp = k8(K), floats = Kp * R8 + CC * ld4(Kp) + (bwd ? 4 * CC * R8 : CC * R4 + 2 * CC * R8);
-    return (floats + 2 * CC /* gcd */ + 3 * CC) * (int)sizeof(float);
+    return (floats + 2 * CC /* gcd */ + 5 * CC) * (int)sizeof(float);
 }
 
 }  // namespace
 
+/* EX (raw q, k rows, two products where one operand is exact) for bf16 / f16 inputs */
 template <bool SPLIT> cudaError_t SweepPass<SPLIT>::attr(int K) {
     cudaError_t e;
-    if ((e = smem_attr(fwd_sweep_kernel<SPLIT>, sweep_smem(K, false))) != cudaSuccess) return e;
-    return smem_attr(bwd_sweep_kernel<SPLIT>, sweep_smem(K, true));
+    if ((e = smem_attr(fwd_sweep_kernel<SPLIT, false>, sweep_smem(K, false))) != cudaSuccess) return e;
+    if ((e = smem_attr(fwd_sweep_kernel<SPLIT, true>, sweep_smem(K, false))) != cudaSuccess) return e;
+    if ((e = smem_attr(bwd_sweep_kernel<SPLIT, false>, sweep_smem(K, true))) != cudaSuccess) return e;
+    return smem_attr(bwd_sweep_kernel<SPLIT, true>, sweep_smem(K, true));
 }
 template <bool SPLIT> void SweepPass<SPLIT>::launch_fwd(const BwdArgs &p, unsigned blocks, cudaStream_t st) {
-    fwd_sweep_kernel<SPLIT><<<blocks, NT, sweep_smem(p.K, false), st>>>(p);
+    if (p.dt != 0) fwd_sweep_kernel<SPLIT, true><<<blocks, NT, sweep_smem(p.K, false), st>>>(p);
+    else fwd_sweep_kernel<SPLIT, false><<<blocks, NT, sweep_smem(p.K, false), st>>>(p);
 }
 template <bool SPLIT> void SweepPass<SPLIT>::launch_bwd(const BwdArgs &p, unsigned blocks, cudaStream_t st) {
-    bwd_sweep_kernel<SPLIT><<<blocks, NT, sweep_smem(p.K, true), st>>>(p);
+    if (p.dt != 0) bwd_sweep_kernel<SPLIT, true><<<blocks, NT, sweep_smem(p.K, true), st>>>(p);
+    else bwd_sweep_kernel<SPLIT, false><<<blocks, NT, sweep_smem(p.K, true), st>>>(p);
 }
 template struct SweepPass<true>;
 

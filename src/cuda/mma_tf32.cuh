@@ -124,12 +124,15 @@ __device__ __forceinline__ void block_mm(int M, int N, int Kd, const FA &a, cons
  * Without SPLIT the operands go to the tensor cores as they are: the unit
  * reads the top 19 bits of each word, so arrays meant for it should hold
  * values already rounded to tf32 (tf32r; otherwise they are truncated).
- * With SPLIT every fragment is cut into hi + lo (3xTF32) as in warp_mma.
- * NT n tiles of 8 (2 or 4); k0, k1 multiples of 8. */
+ * With SPLIT every fragment is cut into hi + lo (3xTF32) as in warp_mma,
+ * but an operand marked exact (AX, BX: its values are tf32 already, as bf16
+ * and f16 inputs are) has no lo part, and its lo product is skipped (two
+ * products instead of three). NT n tiles of 8 (2 or 4); k0, k1 multiples
+ * of 8. */
 __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
 template <bool SPLIT> __device__ __forceinline__ float tf32r_if(float x) { return SPLIT ? x : tf32r(x); }
 
-template <bool SPLIT, bool AT, bool BK, int NT>
+template <bool SPLIT, bool AT, bool BK, int NT, bool AX = false, bool BX = false>
 __device__ __forceinline__ void warp_mma_s(float (&acc)[4][4], const float *A, int lda, const float *B, int ldb, int i0, int n0, int k0,
                                            int k1) {
     static_assert(NT == 2 || NT == 4, "two or four n tiles");
@@ -163,22 +166,41 @@ __device__ __forceinline__ void warp_mma_s(float (&acc)[4][4], const float *A, i
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const float x = __uint_as_float(a[r]);
-                ah[r] = to_tf32(x);
-                al[r] = to_tf32(x - __uint_as_float(ah[r]));
+                ah[r] = AX ? a[r] : to_tf32(x);
+                if (!AX) al[r] = to_tf32(x - __uint_as_float(ah[r]));
             }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const float x0 = __uint_as_float(b[j][0]), x1 = __uint_as_float(b[j][1]);
-                const uint32_t bh0 = to_tf32(x0), bh1 = to_tf32(x1);
-                const uint32_t bl0 = to_tf32(x0 - __uint_as_float(bh0)), bl1 = to_tf32(x1 - __uint_as_float(bh1));
-                mma_tf32(acc[j], al, bh0, bh1);
-                mma_tf32(acc[j], ah, bl0, bl1);
+                const uint32_t bh0 = BX ? b[j][0] : to_tf32(x0), bh1 = BX ? b[j][1] : to_tf32(x1);
+                if (!AX) mma_tf32(acc[j], al, bh0, bh1);
+                if (!BX) mma_tf32(acc[j], ah, to_tf32(x0 - __uint_as_float(bh0)), to_tf32(x1 - __uint_as_float(bh1)));
                 mma_tf32(acc[j], ah, bh0, bh1);
             }
         } else {
 #pragma unroll
             for (int j = 0; j < NT; j++) mma_tf32(acc[j], a, b[j][0], b[j][1]);
         }
+    }
+}
+
+/* block_mm with its operands as arrays (warp_mma_s): C[M, N] over the
+ * block's warps in 16 x 32 tiles dealt round robin, N a multiple of 32,
+ * epi(i, n, C_in) for every i < M, n < N; krange and the zeros the arrays
+ * must hold as for block_mm */
+template <bool SPLIT, bool AT, bool BK, bool AX = false, bool BX = false, typename FE, typename FK>
+__device__ __forceinline__ void block_mm_s(int M, int N, int Kd, const float *A, int lda, const float *B, int ldb, const FE &epi,
+                                           const FK &krange) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int mt = (M + 15) >> 4, ntile = N >> 5, kd8 = (Kd + 7) & ~7;
+    for (int task = warp; task < mt * ntile; task += nw) {
+        const int i0 = (task / ntile) * 16, n0 = (task % ntile) * 32;
+        float acc[4][4] = {};
+        int k0 = 0, k1 = kd8;
+        krange(i0, &k0, &k1);
+        if (k1 > kd8) k1 = kd8;
+        warp_mma_s<SPLIT, AT, BK, 4, AX, BX>(acc, A, lda, B, ldb, i0, n0, k0, k1);
+        warp_store(acc, i0, n0, 4, M, N, epi);
     }
 }
 
