@@ -43,7 +43,9 @@ template <int KH> struct Lay {
     /* the K side (Q and dWk also hold gate_store's prefix sums at the end) */
     static constexpr int Q = A, dWk = Q + CC * LK, dP = dWk + CC * LK, dTm = dP + CC * R4, tmp = dTm + CC * R4,
                          Rg = tmp + CC * R4, end2 = Rg + CC * R4;
-    static constexpr int end = end1 > end2 ? end1 : end2;
+    /* q's raw rows (64 x KH 16-bit values) staged by cp.async during the V walk, past its arrays */
+    static constexpr int Qstage = end1, end3 = Qstage + CC * KH / 2;
+    static constexpr int end = end2 > end3 ? end2 : end3;
     /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32] */
     static constexpr int floats = end + 2 * CC + 6 * CC + 4 * CC + 32;
     static_assert(CC * (CC + 1) * 2 <= 2 * CC * LK, "gate_store's prefix sums fit in Q and dWk");
@@ -237,6 +239,58 @@ template <bool SPLIT> __device__ __forceinline__ void round_tile(float *X, int n
         for (int e = threadIdx.x; e < n; e += NT) X[e] = gdn::tf32r(X[e]);
 }
 
+/* the chunk's q rows raw into a staging area by cp.async at the start
+ * (16-byte pieces, rows past c zero-filled), then into Qs at the K side:
+ * times the saved rstd, rounded to tf32 without SPLIT, zero past K. For
+ * bf16 / f16 with 16-byte rows (q_stage_ok); else load_qk there. */
+template <bool SPLIT, int KH> struct QFetch {
+    static constexpr int PR = KH / 8, NP = CC * PR / NT;   /* pieces per row (at KH), per thread */
+    float rs = 1.f;                                       /* thread t < CC: token t's rstd */
+    __device__ __forceinline__ void issue(const BwdArgs &p, int64_t row0, int c, int h, uint16_t *stage) {
+        const int pr = p.K / 8;
+#pragma unroll
+        for (int u = 0; u < NP; u++) {
+            const int e = threadIdx.x + u * NT, t = e / PR, q = e % PR;
+            if (q < pr) {
+                const bool in = t < c;
+                const uint16_t *src = static_cast<const uint16_t *>(p.q) + ((row0 + (in ? t : 0)) * p.H + h) * (int64_t)p.K + 8 * q;
+                gdn::cp16(stage + t * KH + 8 * q, src, in);
+            }
+        }
+        gdn::cp_commit();
+        if ((p.flags & GDN_QK_L2NORM) && threadIdx.x < c) rs = p.rstd_q[(row0 + threadIdx.x) * p.H + h];
+    }
+    /* after cp_wait_all and a barrier; ends with a barrier */
+    __device__ __forceinline__ void commit(const BwdArgs &p, const uint16_t *stage, float *Qs, int ld, float *rsq) const {
+        if (threadIdx.x < CC) rsq[threadIdx.x] = rs;
+        __syncthreads();
+        const int pr = p.K / 8;
+#pragma unroll
+        for (int u = 0; u < NP; u++) {
+            const int e = threadIdx.x + u * NT, t = e / PR, q = e % PR;
+            float *d = Qs + t * ld + 8 * q;
+            if (q < pr) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(stage + t * KH + 8 * q);
+                const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+                const float r = rsq[t];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float a, b;
+                    if (p.dt == 1) { a = __uint_as_float(x[i] << 16); b = __uint_as_float(x[i] & 0xffff0000u); }
+                    else { a = __half2float(__ushort_as_half((unsigned short)(x[i] & 0xffffu))); b = __half2float(__ushort_as_half((unsigned short)(x[i] >> 16))); }
+                    d[2 * i] = gdn::tf32r_if<SPLIT>(a * r);
+                    d[2 * i + 1] = gdn::tf32r_if<SPLIT>(b * r);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) d[i] = 0.f;
+            }
+        }
+        __syncthreads();
+    }
+};
+__device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 && (p.K & 7) == 0 && rows16_ok(p.q, p.dt, p.K, 0, p.K); }
+
 template <bool SPLIT, int KH>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     using L = Lay<KH>;
@@ -266,14 +320,17 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
 
     /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight
      * together), and the first panel's rows */
-    const bool fetch = panel_fetch_ok(p);
+    const bool fetch = panel_fetch_ok(p), qstage = q_stage_ok(p);
     PanelFetch<SPLIT, KH> pf;
+    QFetch<SPLIT, KH> qf;
+    uint16_t *stage = reinterpret_cast<uint16_t *>(sm + L::Qstage);
     {
         Mat64 mt, mp;
         RecTok r;
         mt.issue(rec + R_TM);
         mp.issue(rec + R_P);
         r.issue(rec);
+        if (qstage) qf.issue(p, row0, c, h, stage);   /* in flight through the whole V walk */
         if (fetch) pf.issue(p, S0, dS, row0, c, j, 0, S0b(0), dSb(0));
         load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
         commit_mat<SPLIT>(mt, Tm, false);
@@ -372,7 +429,12 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     BP(6);
 
     /* ---- the K side ---- */
-    load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, LK);
+    if (qstage) {
+        gdn::cp_wait_all();
+        qf.commit(p, stage, Qs, LK, row);   /* row: free until gate_store */
+    } else {
+        load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, LK);
+    }
     BP(14);
     store_ck<NR>(aWk, wr, kc0, KH, [&](int t, int i, float x) { dWk[t * LK + i] = gdn::tf32r_if<SPLIT>(-x); });
     gdn::warp_store(aTm, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dTm[t * R4 + u] = x * bet[u]; });
@@ -383,7 +445,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     });
     __syncthreads();
     BP(15);
-    if (!SPLIT) {
+    if (!SPLIT && !qstage) {
         round_tile<SPLIT>(Qs, CC * LK);
         __syncthreads();
     }
