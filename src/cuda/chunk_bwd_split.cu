@@ -13,12 +13,13 @@
  * This file: the view's tables, those folds, and dh0 back to the sequences;
  * the host side is in chunk_bwd.cu. */
 #include "cuda/chunk_bwd.cuh"
+#include "cuda/fold.cuh"
 
 namespace gdn {
 namespace cbwd {
 namespace {
 
-constexpr int SW = 16;   /* state columns per fold block */
+constexpr int SW = gdn::FOLD_W;   /* state columns per fold block */
 
 /* sequence n of the caller's view */
 __device__ __forceinline__ void orig_range(const SegView &v, int64_t n, int64_t *bos, int64_t *len) {
@@ -60,8 +61,8 @@ __device__ __forceinline__ int64_t fwd_slot(const SegView &v, int64_t n, int64_t
 /* h0 rows of the view: block per (sequence, value head, 16 columns), the
  * segments in order: x <- P x + S_loc from the sequence's h0 (or zero) */
 __global__ void __launch_bounds__(256) seg_h0_kernel(SegView v, const float *h0, float *h0s) {
-    extern __shared__ float sx[];
-    float *xn = sx + v.K * SW;
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
+    float *Ms = smf, *sx = gdn::fold_x(smf, v.K), *xn = sx + v.K * SW;
     const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
     const int64_t n = blockIdx.x / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
@@ -74,13 +75,8 @@ __global__ void __launch_bounds__(256) seg_h0_kernel(SegView v, const float *h0,
         if (s + 1 == m) break;
         const int64_t slot = fwd_slot(v, n, s);
         const float *P = v.seg_p + (slot * v.HV + j) * (int64_t)K * K, *S = v.seg_s + (slot * v.HV + j) * (int64_t)K * V;
-        for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) {
-            float acc = ok ? S[(int64_t)i * V + vc] : 0.f;
-#pragma unroll 8
-            for (int k = 0; k < K; k++) acc += P[(int64_t)i * K + k] * sx[k * SW + c];
-            xn[i * SW + c] = acc;
-        }
-        __syncthreads();
+        gdn::fold_step<false>(
+            P, K, sx, Ms, [&](int i) { return ok ? S[(int64_t)i * V + vc] : 0.f; }, [&](int i, float acc) { xn[i * SW + c] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
     }
@@ -104,8 +100,8 @@ __global__ void seg_dht_init_kernel(SegView v, const float *dht, float *dhts) {
  * last sequence beyond its dht, added to D(last) and carried back with it.
  * d0 (or NULL): sequence 0's dS at its start, P_0^T D(0) + dS_loc(0). */
 __global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *dsl, float *dhts, const float *E, float *d0) {
-    extern __shared__ float sx[];
-    float *xn = sx + v.K * SW;
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
+    float *Ms = smf, *sx = gdn::fold_x(smf, v.K), *xn = sx + v.K * SW;
     const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
     const int64_t n = blockIdx.x / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
@@ -115,13 +111,9 @@ __global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *ds
     /* x <- P_s^T x + add (add: dS_loc of segment s, or nothing) */
     auto back = [&](int64_t s, bool add) {
         const float *P = v.seg_p + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K;
-        for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) {
-            float acc = ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f;
-#pragma unroll 8
-            for (int k = 0; k < K; k++) acc += P[(int64_t)k * K + i] * sx[k * SW + c];
-            xn[i * SW + c] = acc;
-        }
-        __syncthreads();
+        gdn::fold_step<true>(
+            P, K, sx, Ms, [&](int i) { return ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f; },
+            [&](int i, float acc) { xn[i * SW + c] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
     };
@@ -165,7 +157,8 @@ unsigned grid_of(int64_t n) { return (unsigned)((n + 255) / 256 < 8192 ? (n + 25
 void seg_table_launch(const SegView &v, cudaStream_t st) { seg_table_kernel<<<1, 1, 0, st>>>(v); }
 
 void seg_h0_launch(const SegView &v, const float *h0, float *h0s, cudaStream_t st) {
-    seg_h0_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), 256, 2 * v.K * SW * sizeof(float), st>>>(v, h0, h0s);
+    gdn::fold_attr(seg_h0_kernel, v.K);
+    seg_h0_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), gdn::FOLD_NT, gdn::fold_smem(v.K), st>>>(v, h0, h0s);
 }
 
 void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st) {
@@ -173,8 +166,8 @@ void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaSt
 }
 
 void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, cudaStream_t st) {
-    seg_dht_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), 256, 2 * v.K * SW * sizeof(float), st>>>(v, dsl, dhts, E,
-                                                                                                          d0);
+    gdn::fold_attr(seg_dht_kernel, v.K);
+    seg_dht_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), gdn::FOLD_NT, gdn::fold_smem(v.K), st>>>(v, dsl, dhts, E, d0);
 }
 
 void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st) {

@@ -3,6 +3,7 @@
  * segments' maps from pass 1 that gives pass 3 each segment's incoming state;
  * its launcher. */
 #include "cuda/chunk_fwd.cuh"
+#include "cuda/fold.cuh"
 
 namespace gdn {
 namespace cfwd {
@@ -10,11 +11,11 @@ namespace {
 
 /* ---- the scan over segments: S_in(s + 1) = P_s S_in(s) + S_loc_s, fp32,
  * block per (sequence, value head, 16 columns of V) ---- */
-constexpr int SCW = 16;
+constexpr int SCW = gdn::FOLD_W;
 
 __global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
-    extern __shared__ float sv[];   /* S_in slice [K][SCW], then the next one */
-    float *sn = sv + p.K * SCW;
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; the S_in slice [K][SCW], then the next one */
+    float *Ms = smf, *sv = gdn::fold_x(smf, p.K), *sn = sv + p.K * SCW;
     const int nsl = (p.V + SCW - 1) / SCW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % p.HV, n = blockIdx.x / (nsl * p.HV);
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
@@ -30,15 +31,12 @@ __global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
         const int64_t slot = bos / ((int64_t)CC * p.sc) + n + s;
         const float *P = p.seg_p + (slot * p.HV + j) * p.K * p.K, *L = p.seg_s + (slot * p.HV + j) * p.K * p.V;
         float *out = p.seg_in + ((slot + 1) * p.HV + j) * p.K * p.V;
-        for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) {
-            float acc = vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f;
-            const float *Pi = P + (int64_t)i * p.K;
-#pragma unroll 8
-            for (int k = 0; k < p.K; k++) acc += Pi[k] * sv[k * SCW + c];
-            sn[i * SCW + c] = acc;
-            if (vc < p.V) out[(int64_t)i * p.V + vc] = acc;
-        }
-        __syncthreads();
+        gdn::fold_step<false>(
+            P, p.K, sv, Ms, [&](int i) { return vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f; },
+            [&](int i, float acc) {
+                sn[i * SCW + c] = acc;
+                if (vc < p.V) out[(int64_t)i * p.V + vc] = acc;
+            });
         for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) sv[i * SCW + c] = sn[i * SCW + c];
         __syncthreads();
     }
@@ -57,7 +55,8 @@ int seg_chunks(const gdn_plan *pl) {
 }
 
 void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st) {
-    seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), 256, 2 * p.K * SCW * sizeof(float), st>>>(p);
+    gdn::fold_attr(seg_scan_kernel, p.K);
+    seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), gdn::FOLD_NT, gdn::fold_smem(p.K), st>>>(p);
 }
 
 }  // namespace cfwd
