@@ -33,8 +33,11 @@ __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
 
 /* ---- prep: one block per (slot, j). Mirrors gdn_chunk_prepare (chunk_fwd.c):
  * gate and beta as cpu/load.c, gc in double, A_ts = beta_t E_ts KK_ts,
- * Tm by forward substitution, P_ts = (scale q_t.k_s) E_ts ---- */
-template <bool SPLIT>
+ * Tm by forward substitution, P_ts = (scale q_t.k_s) E_ts. q and k come in
+ * raw, their rstd scale the products' rows and columns: with bf16 / f16
+ * inputs (EX) both operands are exact in tf32, so KK^T and QK^T are one
+ * product each, exact to fp32 accumulation; f32 inputs take 3xTF32 ---- */
+template <bool SPLIT, bool EX>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int64_t slot = blockIdx.x;
@@ -44,10 +47,15 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     const int64_t row0 = p.slot_row0[slot];
     float *Qs = sm, *Ks = Qs + CC * lk, *As = Ks + CC * lk, *Ts = As + CC * RS;
     double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
-    float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC;
+    float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
     float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
-    load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, lk);
-    load_qk(p, p.k, p.rstd_k, row0, c, h, Ks, lk);
+    load_qk(p, p.q, nullptr, row0, c, h, Qs, lk);
+    load_qk(p, p.k, nullptr, row0, c, h, Ks, lk);
+    if (tid < CC) {   /* the rows' rstd (1 without the L2 norm) */
+        const bool l2 = (p.flags & GDN_QK_L2NORM) && tid < c;
+        rq[tid] = l2 ? p.rstd_q[(row0 + tid) * p.H + h] : 1.f;
+        rk[tid] = l2 ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f;
+    }
     if (tid < CC) {   /* cpu/load.c gdn_cpu_load_gate, gdn_cpu_load_beta; zero past c */
         float g = 0.f, b = 0.f;
         if (tid < c) {
@@ -78,13 +86,16 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         rec[R_G + tid] = gs[tid];
     }
     /* A (strictly lower) into As, P into the record */
-    const auto kt = [&](int i, int s) { return Ks[s * lk + i]; };
-    gdn::block_mm<SPLIT>(CC, CC, K, [&](int t, int i) { return Ks[t * lk + i]; }, kt, [&](int t, int s, float kk) {
-        As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * kk : 0.f;
-    });
-    gdn::block_mm<SPLIT>(CC, CC, K, [&](int t, int i) { return Qs[t * lk + i]; }, kt, [&](int t, int s, float qk) {
-        rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * qk) * Ef(gcd, t, s) : 0.f;
-    });
+    gdn::block_mm_s<SPLIT, false, false, EX, EX>(
+        CC, CC, K, Ks, lk, Ks, lk,
+        [&](int t, int s, float kk) { As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * ((rk[t] * rk[s]) * kk) : 0.f; },
+        gdn::full_k{});
+    gdn::block_mm_s<SPLIT, false, false, EX, EX>(
+        CC, CC, K, Qs, lk, Ks, lk,
+        [&](int t, int s, float qk) {
+            rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * qk)) * Ef(gcd, t, s) : 0.f;
+        },
+        gdn::full_k{});
     __syncthreads();
     /* Tm = (I + A)^-1 by 16 x 16 blocks (a row-by-row substitution over all 64
      * rows waits on a barrier per row): the diagonal blocks T_bb by
@@ -127,16 +138,21 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     for (int e = tid; e < CC * CC; e += NT) rec[R_TM + e] = Ts[(e / CC) * RS + e % CC];
 }
 
-int prep_smem(int K) { return (2 * CC * ld4(k8(K)) + 2 * CC * RS + 2 * CC + 2 * CC) * (int)sizeof(float); }
+int prep_smem(int K) { return (2 * CC * ld4(k8(K)) + 2 * CC * RS + 2 * CC + 4 * CC) * (int)sizeof(float); }
 
 }  // namespace
 
 void slot_info_launch(const BwdArgs &p, cudaStream_t st) {
     slot_info_kernel<<<(unsigned)((p.nslots + NT - 1) / NT), NT, 0, st>>>(p);
 }
-template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) { return smem_attr(prep_kernel<SPLIT>, prep_smem(K)); }
+template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) {
+    const cudaError_t e = smem_attr(prep_kernel<SPLIT, false>, prep_smem(K));
+    return e != cudaSuccess ? e : smem_attr(prep_kernel<SPLIT, true>, prep_smem(K));
+}
 template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
-    prep_kernel<SPLIT><<<dim3((unsigned)p.nslots, (unsigned)p.HV), NT, prep_smem(p.K), st>>>(p);
+    const dim3 grid((unsigned)p.nslots, (unsigned)p.HV);
+    if (p.dt != 0) prep_kernel<SPLIT, true><<<grid, NT, prep_smem(p.K), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
+    else prep_kernel<SPLIT, false><<<grid, NT, prep_smem(p.K), st>>>(p);
 }
 template struct PrepPass<true>;
 
