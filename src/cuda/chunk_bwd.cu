@@ -169,8 +169,10 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         if (part != BACK) seg_table_launch(sv, st);
     }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
-    cudaEvent_t ev[5];
+    cudaEvent_t ev[5], eq[2];
+    float qk_ms = 0.f;
     for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
+    for (int i = 0; i < 2; i++) cudaEventCreate(&eq[i]);
     cudaEventRecord(ev[0], st);
 #define PHASE(i) cudaEventRecord(ev[i], st)
 #else
@@ -235,7 +237,17 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         if (local) {
             if (one) LocalPass<false>::launch(p, G, s1 - s0, st);
             else LocalPass<SPLIT>::launch(p, G, s1 - s0, st);
+#ifdef GDN_BWD_PROFILE
+            cudaEventRecord(eq[0], st);
+#endif
             grp_qk_launch(p, G, s1 - s0, st);
+#ifdef GDN_BWD_PROFILE
+            cudaEventRecord(eq[1], st);
+            cudaEventSynchronize(eq[1]);
+            float qms;
+            cudaEventElapsedTime(&qms, eq[0], eq[1]);
+            qk_ms += qms;
+#endif
         } else {
             GrpPass<SPLIT>::launch(p, G, s1 - s0, st);
         }
@@ -254,8 +266,10 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     cudaEventSynchronize(ev[4]);
     float ms[4];
     for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
-    printf("chunk_bwd phases ms: prep %.3f | fwd sweep %.3f | bwd sweep %.3f | group stage %.3f\n", ms[0], ms[1], ms[2], ms[3]);
+    printf("chunk_bwd phases ms: prep %.3f | fwd sweep %.3f | bwd sweep %.3f | group stage %.3f (dq, dk sums %.3f)\n", ms[0], ms[1],
+           ms[2], ms[3], qk_ms);
     for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
+    for (int i = 0; i < 2; i++) cudaEventDestroy(eq[i]);
 #endif
 #undef PHASE
     return cudaSuccess;

@@ -313,8 +313,12 @@ __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
 }
 
 /* dq, dk of the group's (slot, q/k head h): the G value heads' dQc, dKc summed
- * in order from 0 (fp32, as dQacc), then store_qk_grad: dx = r (dx^ - x^ (x^.dx^)) */
+ * in order from 0 (fp32, as dQacc), then store_qk_grad: dx = r (dx^ - x^ (x^.dx^)).
+ * A warp takes two rows at a time, the lanes along them (PER columns a lane:
+ * K <= 32 PER), all of a round's loads issued before any is used */
+template <int PER>
 __global__ void __launch_bounds__(NT) grp_qk_kernel(BwdArgs p, Grp G) {
+    constexpr int RB = 2;
     const int64_t slot = G.s0 + blockIdx.x / p.H;
     const int h = blockIdx.x % p.H, K = p.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = p.slot_c[slot];
@@ -327,29 +331,48 @@ __global__ void __launch_bounds__(NT) grp_qk_kernel(BwdArgs p, Grp G) {
         const void *x = qk ? p.k : p.q;
         const float *rstd = qk ? p.rstd_k : p.rstd_q;
         void *dst = qk ? p.dk : p.dq;
-        for (int t = warp; t < c; t += NT / 32) {
-            const int64_t r = row0 + t;
-            constexpr int PER = 256 / 32;
-            float gsum[PER], xh[PER];
-            float d = 0.f;
-            const float rs = l2 ? rstd[r * p.H + h] : 1.f;
+        for (int t0 = warp * RB; t0 < c; t0 += (NT / 32) * RB) {
+            float a[RB][PER], xh[RB][PER], rs[RB];
 #pragma unroll
-            for (int u = 0; u < PER; u++) {
-                const int i = lane + 32 * u;
-                float a = 0.f;
-                if (i < K)
-                    for (int jj = h * p.G; jj < (h + 1) * p.G; jj++) a += base[jj * G.o.F + off + t * K + i];
-                gsum[u] = a;
-                xh[u] = (l2 && i < K) ? gdn::ld(x, (r * p.H + h) * K + i, p.dt) * rs : 0.f;
-                d = fmaf(xh[u], a, d);
+            for (int r = 0; r < RB; r++) {
+                const int64_t row = row0 + t0 + r;
+                const bool on = t0 + r < c;
+                rs[r] = l2 && on ? rstd[row * p.H + h] : 1.f;
+#pragma unroll
+                for (int u = 0; u < PER; u++) {
+                    const int i = lane + 32 * u;
+                    a[r][u] = 0.f;
+                    xh[r][u] = l2 && on && i < K ? gdn::ld(x, (row * p.H + h) * K + i, p.dt) : 0.f;
+                }
             }
-            if (l2) d = gdn::warp_sum(d);
+            for (int jj = h * p.G; jj < (h + 1) * p.G; jj++) {
+                const float *src = base + jj * G.o.F + off + (int64_t)t0 * K;
 #pragma unroll
-            for (int u = 0; u < PER; u++) {
-                const int i = lane + 32 * u;
-                if (i >= K) continue;
-                const float val = l2 ? rs * (gsum[u] - xh[u] * d) : gsum[u];
-                gdn::st(dst, (r * p.H + h) * K + i, val, p.dt);
+                for (int r = 0; r < RB; r++)
+#pragma unroll
+                    for (int u = 0; u < PER; u++) {
+                        const int i = lane + 32 * u;
+                        if (t0 + r < c && i < K) a[r][u] += src[r * K + i];
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < RB; r++) {
+                if (t0 + r >= c) break;
+                const int64_t row = row0 + t0 + r;
+                float d = 0.f;
+#pragma unroll
+                for (int u = 0; u < PER; u++) {
+                    xh[r][u] *= rs[r];
+                    d = fmaf(xh[r][u], a[r][u], d);
+                }
+                if (l2) d = gdn::warp_sum(d);
+#pragma unroll
+                for (int u = 0; u < PER; u++) {
+                    const int i = lane + 32 * u;
+                    if (i >= K) continue;
+                    const float val = l2 ? rs[r] * (a[r][u] - xh[r][u] * d) : a[r][u];
+                    gdn::st(dst, (row * p.H + h) * K + i, val, p.dt);
+                }
             }
         }
     }
@@ -383,12 +406,14 @@ template <bool SPLIT> cudaError_t GrpPass<SPLIT>::attr(int K, int V) { return sm
 template <bool SPLIT> void GrpPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const int items = (int)(nsl * p.HV);
     grp_kernel<SPLIT><<<items, NT, grp_smem(p.K, p.V), st>>>(p, G);
-    grp_qk_kernel<<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
+    if (p.K <= 128) grp_qk_kernel<4><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
+    else grp_qk_kernel<8><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
 }
 template struct GrpPass<true>;
 
 void grp_qk_launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
-    grp_qk_kernel<<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
+    if (p.K <= 128) grp_qk_kernel<4><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
+    else grp_qk_kernel<8><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
 }
 
 void dparam_launch(const BwdArgs &p, cudaStream_t st) { dparam_kernel<<<(p.HV + 127) / 128, 128, 0, st>>>(p); }
