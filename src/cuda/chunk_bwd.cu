@@ -20,7 +20,9 @@
  *               CPU), exp(gc), beta, g, Tm = (I + A)^-1 by forward
  *               substitution and P into a record           (chunk_fwd.c prepare_head)
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
- *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop)
+ *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
+ *               where the chunk forward's transposed state kernel takes
+ *               the shape, that kernel instead (fwd_states below)
  *   bwd_sweep   per (n, j, 64 columns of V), chunks in reverse: dS leaving
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
  *               Both sweeps fetch the next chunk into registers while the
@@ -151,6 +153,25 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
  * (the backward map's S); BACK the rest, with E (or NULL) added to the state
  * gradient after the last sequence's end (dS_out from the later ranks). */
 enum Part { WHOLE, FRONT, BACK };
+
+/* the states entering each chunk of the view from the chunk forward's state
+ * kernel where it takes the shape (gdn_cuda_chunk_states: bf16 / f16, K =
+ * 128, V in 128-column blocks), its records in the dstates area (written
+ * only later, by the reverse sweep). 1: queued; 0: nothing queued,
+ * fwd_sweep's job; -1: a launch failed */
+int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st) {
+    gdn_plan fv = *pl;
+    fv.N = p.N;
+    fv.c.cu_seqlens_dev = p.cu;
+    if (wl.sc && fv.max_len > (int64_t)wl.sc * CC) fv.max_len = (int64_t)wl.sc * CC;
+    const size_t room = (size_t)p.nslots * p.HV * (size_t)p.K * p.V * sizeof(float);
+    if (gdn_cuda_chunk_states_ws(&fv) > room) return 0;
+    gdn_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
+    return gdn_cuda_chunk_states(&fv, &f, ws + wl.dstates, p.states, st);
+}
+
 cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st,
                 Part part = WHOLE, const float *E = nullptr, float *d0 = nullptr) {
     const int K = p.K, V = p.V, HV = p.HV;
@@ -222,7 +243,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     PHASE(1);
     if (p.N > 0) {
         const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
-        SweepPass<SPLIT>::launch_fwd(p, blocks, st);
+        const int fs = fwd_states(pl, a, p, wl, ws, st);
+        if (fs < 0) return cudaErrorLaunchFailure;
+        if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
         SweepPass<SPLIT>::launch_bwd(p, blocks, st);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;

@@ -109,6 +109,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
         tr = p.K == 128 && p.V % 128 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
              tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
              tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
+    if (p.states && (!tr || p.sc)) return cudaErrorNotSupported;   /* the states mode: the transposed kernel, whole sequences */
     if (tr) {
         e = StateTPass<E>::attr();
         if (e != cudaSuccess) return e;
@@ -158,6 +159,7 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
     p.scale = c->scale; p.flags = c->flags;
     p.sc = sc;
+    p.states = nullptr;
     const WsLayout wl = ws_layout(pl, sc);
     p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
     p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
@@ -190,6 +192,22 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     const cudaError_t e = run(pl, args_of(pl, a, seg_chunks(pl), ws), ws, (cudaStream_t)stream, WHOLE);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
+}
+
+extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl) { return ws_layout(pl, 0).total; }
+
+extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, float *states, void *stream) {
+    const gdn_config *c = &pl->c;
+    if (c->dtype == GDN_F32) return 0;
+    if (pl->N * c->HV == 0) return 1;
+    gdn_fwd_args b = *a;
+    b.o = nullptr; b.ht = nullptr; b.saved = nullptr;   /* the rstd recomputed, nothing of the caller's written */
+    ChunkArgs p = args_of(pl, &b, 0, ws);
+    p.states = states;
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
+    if (e == cudaErrorNotSupported) return 0;
+    if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk states launch: %s", cudaGetErrorString(e)), -1;
+    return 1;
 }
 
 extern "C" size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *pl, int sc) { return ws_layout(pl, sc).total; }

@@ -73,7 +73,9 @@ template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4],
             lo[e] = M::pack(v[8 * kk + 2 * e] - M::lo(hi[e]), v[8 * kk + 2 * e + 1] - M::hi(hi[e]));
 }
 
-template <typename E>
+/* ST: the backward's states mode (p.states): each chunk's entering state
+ * stored, no o (a separate instance, so the forward's code is untouched) */
+template <typename E, bool ST>
 __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using M = mma_traits<E>;
     constexpr int NS = M::split ? 2 : 1;
@@ -158,6 +160,16 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        if (ST) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
+            float *sd = p.states + (slot_of(bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                    if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
+                }
+        }
         mb_wait(full + sl, par);
         TPROF(0);
         if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
@@ -300,7 +312,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                    M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
         bar_named(2 + cg, 128);
         TPROF(7);
-        for (int x = tid & 127; x < (p.pass == 1 ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
+        for (int x = tid & 127; x < (p.pass == 1 || ST ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
             const int r = x >> 3, c8 = (x & 7) * 8;
             *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
                 *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
@@ -336,8 +348,9 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 }  // namespace
 
 template <typename E> cudaError_t StateTPass<E>::attr() {
-    static bool done = false;
-    return smem_attr(chunk_state_t_kernel<E>, TSmem::bytes, &done);
+    static bool done = false, done_st = false;
+    const cudaError_t e = smem_attr(chunk_state_t_kernel<E, false>, TSmem::bytes, &done);
+    return e != cudaSuccess ? e : smem_attr(chunk_state_t_kernel<E, true>, TSmem::bytes, &done_st);
 }
 template <typename E>
 cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
@@ -348,9 +361,10 @@ cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const cha
         cudaLaunchConfig_t lc = {};
         lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.dynamicSmemBytes = TSmem::bytes; lc.stream = st;
         lc.attrs = at; lc.numAttrs = 1;
-        return cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E>, p, ws, tm);
+        return p.states ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true>, p, ws, tm)
+                        : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false>, p, ws, tm);
     }
-    chunk_state_t_kernel<E><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */
+    chunk_state_t_kernel<E, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */
     return cudaGetLastError();
 }
 template struct StateTPass<__nv_bfloat16>;
