@@ -183,12 +183,14 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
         if (nch > 0) fetch(nch - 1);
     }
+    BP_DECL;
     for (int64_t ci = nch - 1; ci >= 0; ci--) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
         __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */
         if (p.dstates) store_state(p.dstates + (slot * p.HV + j) * (int64_t)K * V, dS, K, V, v0);   /* none: dh0 only */
+        BP(0);
         if (pf) {
             fk.commit(Ks, lk, p.dt, c, K, 0);
             fo.commit(dO, R8, p.dt, c, VT, 0);
@@ -216,6 +218,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         __syncthreads();
         if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;
         __syncthreads();
+        BP(1);
         /* dU = diag(ek) (K dS) + P^T dO: the first product, its rows scaled, then the second on top */
         for (int task = tid >> 5; task < (CC / 16) * (VT / 32); task += NT / 32) {
             const int i0 = (task / (VT / 32)) * 16, n0 = (task % (VT / 32)) * 32, g = (tid & 31) >> 2;
@@ -228,6 +231,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             gdn::warp_store(a, i0, n0, 4, CC, VT, [&](int t, int v, float x) { dU[t * R8 + v] = x; });
         }
         __syncthreads();
+        BP(2);
         /* Y = diag(beta exp(gc)) Tm^T dU (the row scales of Bk = diag(beta exp(gc)) K taken here) */
         gdn::block_mm_s<SPLIT, true, true>(
             CC, VT, CC, Tm, R8, dU, R8, [&](int t, int v, float acc) { Y[t * R8 + v] = (bet[t] * gam[t] * (EX ? rsk[t] : 1.f)) * acc; },
@@ -238,18 +242,23 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             dO[t * R8 + v] *= p.scale * gam[t] * (EX ? rsq[t] : 1.f);
         }
         __syncthreads();
+        BP(3);
         /* dS = exp(gc_last) dS - Bk^T Y */
         const float gl = gam[c - 1];
         gdn::block_mm_s<SPLIT, true, true, EX>(
             Kp, VT, CC, Ks, lk, Y, R8, [&](int i, int v, float acc) { dS[i * R8 + v] = gl * dS[i * R8 + v] - acc; }, gdn::full_k{});
         __syncthreads();   /* Ks free: q rows in its place (rows past c stay zero) */
+        BP(4);
         if (pf) fq.commit(Ks, lk, p.dt, c, K, 0);
         else load_qk(p, p.q, EX ? nullptr : p.rstd_q, row0, c, h, Ks, lk);
         __syncthreads();
+        BP(5);
         /* dS += (scale exp(gc_t) q_t)^T dO, the scales in dO's rows */
         gdn::block_mm_s<SPLIT, true, true, EX>(
             Kp, VT, CC, Ks, lk, dO, R8, [&](int i, int v, float acc) { dS[i * R8 + v] += acc; }, gdn::full_k{});
+        BP(6);
     }
+    BP_PRINT(blockIdx.x == 0 && nch > 0, "bwd_sweep per chunk: store dS | loads | dU | Y, dO scale | dS -= | q rows | dS +=", 7, nch);
     if (p.dh0) {
         __syncthreads();
         for (int e = tid; e < K * VT; e += NT) {

@@ -24,8 +24,12 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
     return r;
 }
 
+/* not volatile: a pure function of its operands (the accumulator's in/out
+ * constraints carry the order of one tile's products), so the compiler may
+ * interleave the independent products of several tiles and k steps instead
+ * of waiting out each one's latency in program order */
 __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -169,14 +173,24 @@ __device__ __forceinline__ void warp_mma_s(float (&acc)[4][4], const float *A, i
                 ah[r] = AX ? a[r] : to_tf32(x);
                 if (!AX) al[r] = to_tf32(x - __uint_as_float(ah[r]));
             }
+            /* each tile's products in the order lo terms, then hi * hi, the tiles in turn at each */
+            uint32_t bh[NT][2], bl[NT][2];
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float x0 = __uint_as_float(b[j][0]), x1 = __uint_as_float(b[j][1]);
-                const uint32_t bh0 = BX ? b[j][0] : to_tf32(x0), bh1 = BX ? b[j][1] : to_tf32(x1);
-                if (!AX) mma_tf32(acc[j], al, bh0, bh1);
-                if (!BX) mma_tf32(acc[j], ah, to_tf32(x0 - __uint_as_float(bh0)), to_tf32(x1 - __uint_as_float(bh1)));
-                mma_tf32(acc[j], ah, bh0, bh1);
-            }
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float x = __uint_as_float(b[j][e]);
+                    bh[j][e] = BX ? b[j][e] : to_tf32(x);
+                    if (!BX) bl[j][e] = to_tf32(x - __uint_as_float(bh[j][e]));
+                }
+            if (!AX)
+#pragma unroll
+                for (int j = 0; j < NT; j++) mma_tf32(acc[j], al, bh[j][0], bh[j][1]);
+            if (!BX)
+#pragma unroll
+                for (int j = 0; j < NT; j++) mma_tf32(acc[j], ah, bl[j][0], bl[j][1]);
+#pragma unroll
+            for (int j = 0; j < NT; j++) mma_tf32(acc[j], ah, bh[j][0], bh[j][1]);
         } else {
 #pragma unroll
             for (int j = 0; j < NT; j++) mma_tf32(acc[j], a, b[j][0], b[j][1]);
