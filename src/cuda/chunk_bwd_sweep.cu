@@ -141,8 +141,10 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     const int vb = blockIdx.x % p.nvt, j = (blockIdx.x / p.nvt) % p.HV, h = j / p.G;
     const int64_t n = blockIdx.x / (p.nvt * p.HV);
     const int v0 = vb * VT;
-    float *dS = sm, *Ks = dS + Kp * R8, *P = Ks + CC * lk, *Tm = P + CC * R8, *dO = Tm + CC * R8, *dU = dO + CC * R8,
-          *Y = P;   /* P is read only before Y is written */
+    /* P and Tm in two buffers each (a chunk's by the parity of its place in
+     * the walk), the next chunk's coming by cp.async while this one computes */
+    const int nb = K <= 128 ? 2 : 1;   /* one buffer each where no chunk is fetched ahead (K > 128) */
+    float *dS = sm, *Ks = dS + Kp * R8, *Pb = Ks + CC * lk, *Tb = Pb + nb * CC * R8, *dO = Tb + nb * CC * R8, *dU = dO + CC * R8;
     double *gcd = reinterpret_cast<double *>(dU + CC * R8);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *rsk = ek + CC, *rsq = rsk + CC;
     for (int e = tid; e < Kp * R8; e += NT) {
@@ -152,9 +154,10 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
-    /* the next chunk's k, dO rows, P, Tm and scalars in registers while this
-     * one computes, and this chunk's q rows from its start (bf16 / f16,
-     * K <= 128, aligned, whole column blocks) */
+    /* the next chunk's k, dO rows and scalars in registers, its P and Tm by
+     * cp.async into their other buffers, while this one computes, and this
+     * chunk's q rows from its start (bf16 / f16, K <= 128, aligned, whole
+     * column blocks) */
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const bool pf = p.dt != 0 && K <= 128 && v0 + VT <= V && rows16_ok(p.k, p.dt, K, 0, K) && rows16_ok(p.q, p.dt, K, 0, K) &&
                     rows16_ok(p.dout, p.dt, V, v0, VT);
@@ -162,10 +165,10 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     const float *rq = l2 ? p.rstd_q : nullptr, *rk = l2 ? p.rstd_k : nullptr;
     Rows16<4> fk, fq;
     Rows16<2> fo;
-    Mat64 fp, ft;
     RecTok fs;
     float frk = 1.f, frq = 1.f;
     const auto fetch = [&](int64_t ci) {
+        const int pb = (int)((nch - 1 - ci) & (nb - 1));
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
@@ -175,8 +178,13 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             frq = rq ? rq[(row0 + tid) * p.H + h] : 1.f;
         }
         fo.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VT, nullptr, 0);
-        fp.issue(rec + R_P);
-        ft.issue(rec + R_TM);
+#pragma unroll
+        for (int u = 0; u < CC * CC / 4 / NT; u++) {
+            const int e = threadIdx.x + u * NT, r = e >> 4, q = (e & 15) * 4;
+            gdn::cp16(Pb + pb * CC * R8 + r * R8 + q, rec + R_P + r * CC + q, true);
+            gdn::cp16(Tb + pb * CC * R8 + r * R8 + q, rec + R_TM + r * CC + q, true);
+        }
+        gdn::cp_commit();
         fs.issue(rec);
     };
     if (pf) {
@@ -188,14 +196,15 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        const int pb = (int)((nch - 1 - ci) & (nb - 1));
+        float *P = Pb + pb * CC * R8, *Tm = Tb + pb * CC * R8, *Y = P;   /* P is read only before Y is written */
         __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */
         if (p.dstates) store_state(p.dstates + (slot * p.HV + j) * (int64_t)K * V, dS, K, V, v0);   /* none: dh0 only */
         BP(0);
         if (pf) {
             fk.commit(Ks, lk, p.dt, c, K, 0);
             fo.commit(dO, R8, p.dt, c, VT, 0);
-            fp.commit(P, R8);
-            ft.commit(Tm, R8);
+            gdn::cp_wait_all();   /* this chunk's P and Tm (the thread's own pieces; the barrier below publishes them) */
             fs.commit(gcd, gam, bet);
             if (EX && tid < CC) { rsk[tid] = tid < c ? frk : 0.f; rsq[tid] = tid < c ? frq : 0.f; }
             for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
@@ -269,7 +278,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
 }
 
 int sweep_smem(int K, bool bwd) {
-    const int Kp = k8(K), floats = Kp * R8 + CC * ld4(Kp) + (bwd ? 4 * CC * R8 : CC * R4 + 2 * CC * R8);
+    const int Kp = k8(K), floats = Kp * R8 + CC * ld4(Kp) + (bwd ? (K <= 128 ? 6 : 4) * CC * R8 : CC * R4 + 2 * CC * R8);
     return (floats + 2 * CC /* gcd */ + 5 * CC) * (int)sizeof(float);
 }
 
