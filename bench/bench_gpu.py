@@ -39,6 +39,15 @@ single-token update, gated RMSNorm forward, L2 norm forward). An op that gdn's
 CUDA backend does not do yet reads "unsupported" (GDN_ERR_UNSUPPORTED, asked
 of the library, not assumed); gdn's backward reads "n/a" until it exists.
 
+The chunk rows add FlashQLA (flash_qla.chunk_gated_delta_rule, TileLang, Hopper,
+K = V = 128 in bf16 / f16 only) as a third side where it is installed: its time
+(QLA us), QLA/gdn, and its peak memory for forward+backward, on the same inputs
+(the fused gate and beta's sigmoid by torch ops inside its timed call, as for an
+FLA without them). It comes from two pip wheels, tilelang (~50 MB, with
+apache-tvm-ffi, z3-solver, ml-dtypes, cloudpickle, torch-c-dlpack-ext) and
+flash-qla; on a device reached through a 64 MiB upload, carry the tilelang wheel
+in one call and the rest in the next (bench/qla_wheels.sh).
+
 Run on a machine with an H100/H200, torch and FLA (at ./.fla here):
 
     cmake -B build-gpu && cmake --build build-gpu -j16
@@ -63,7 +72,7 @@ from gdn import capi as gdn
 import fla
 
 # the parts, beside this file (python3 bench/bench_gpu.py puts bench/ first on sys.path)
-from gpu_common import (FLA_CHUNK_BETA, FLA_CHUNK_GATE, FLA_REC_BETA, FLA_REC_GATE, NOTES, card_limits, note,
+from gpu_common import (FLA_CHUNK_BETA, FLA_CHUNK_GATE, FLA_REC_BETA, FLA_REC_GATE, NOTES, QLA, card_limits, note,
                         print_table)
 from gpu_chunk import CHUNK_SHAPES, bench_chunk
 from gpu_layer import DEC_SHAPE, LAYER_OPS, bench_decode
@@ -123,6 +132,7 @@ def main():
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "fla": getattr(fla, "__version__", "?"),
             "fla_chunk_backend": "flash_qla (TileLang) where it accepts the call, else triton" if qla else "triton",
+            "flash_qla": getattr(QLA, "__version__", "?") if QLA is not None else None,
             "gdn_lib": gdn.lib._name, "copy_GBps": copy * 1e-9, "mm_bf16_TFLOPs": mm * 1e-12, "notes": NOTES}
     out = [r.as_dict(copy, mm) for r in rows]
     if opt.json:

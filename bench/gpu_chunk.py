@@ -12,7 +12,7 @@ from gdn import capi as gdn
 
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-from gpu_common import (DEV, FLA_CHUNK_CU_CPU, GDN_DTYPE, ChunkShape, Row, buffer,
+from gpu_common import (DEV, FLA_CHUNK_CU_CPU, GDN_DTYPE, QLA, QLA_MISSING, ChunkShape, Row, buffer,
                         fla_fused_gates,
                         bytes_chunk_bwd, bytes_chunk_fwd, flops_chunk_bwd, flops_chunk_fwd, gdn_exec, note, ptr,
                         rel_err)
@@ -109,6 +109,30 @@ def fla_chunk(s, t, x):
     return chunk_gated_delta_rule(x["q"], x["k"], x["v"], g, beta, **kw)
 
 
+def qla_takes(s):
+    """Whether FlashQLA (installed) takes shape s: bf16 / f16, K = V = 128, on Hopper; else says why not once."""
+    if QLA is None:
+        note(f"FlashQLA: not installed here ({QLA_MISSING}); pip wheels flash-qla and tilelang bring it")
+        return False
+    if s.K != 128 or s.V != 128 or s.dtype not in (torch.bfloat16, torch.float16):
+        note(f"FlashQLA: {s.name} left out (it takes K = V = 128 in bf16 / f16 only)")
+        return False
+    return True
+
+
+def qla_chunk(s, t, x):
+    """FlashQLA's chunk_gated_delta_rule on x with the options of s (the fused gate and beta's
+    sigmoid by torch ops inside the timed call: it has neither in its kernel); returns (o, ht)."""
+    import torch.nn.functional as Fn
+    g, beta = x["g"], x["beta"]
+    if s.fused:
+        g = -x["A_log"].exp() * Fn.softplus(g.float() + x["dt_bias"])
+        beta = beta.sigmoid()
+    return QLA.chunk_gated_delta_rule(x["q"], x["k"], x["v"], g, beta, initial_state=x["h0"], output_final_state=True,
+                                      use_qk_l2norm_in_kernel=s.fused,
+                                      cu_seqlens=t["cu_dev"] if s.varlen else None)
+
+
 def bench_chunk(s, want_fwd, want_bwd):
     t, nseq = chunk_inputs(s)
     ex = gdn_exec()
@@ -138,9 +162,13 @@ def bench_chunk(s, want_fwd, want_bwd):
             with torch.no_grad():
                 return fla_chunk(s, t, t)
 
+        def qla_fwd(i=0):
+            with torch.no_grad():
+                return qla_chunk(s, t, t)
+
         row = Row("chunk_fwd", s.name, flops_chunk_fwd(s), bytes_chunk_fwd(s, nseq))
         row.check(gdn_fwd, fla_fwd, (o, ht), lambda ref: {"o": rel_err(o, ref[0]), "ht": rel_err(ht, ref[1])})
-        row.time_both(gdn_fwd, fla_fwd)
+        row.time_both(gdn_fwd, fla_fwd, qla_fwd if qla_takes(s) else None)
         rows.append(row)
 
     if want_bwd:
@@ -167,13 +195,18 @@ def bench_chunk(s, want_fwd, want_bwd):
             out = fla_chunk(s, t, leaves)
             return torch.autograd.grad(out, [leaves[n] for n in names], (do, dht))
 
+        def qla_fwd_bwd(i=0):
+            out = qla_chunk(s, t, leaves)
+            return torch.autograd.grad(out, [leaves[n] for n in names], (do, dht))
+
         row = Row("chunk_fwd+bwd", s.name, flops_chunk_fwd(s) + flops_chunk_bwd(s),
                   bytes_chunk_fwd(s, nseq) + bytes_chunk_bwd(s, nseq))
         lifted = fla_lift_640_guard()
         row.check(gdn_fwd_bwd, fla_fwd_bwd, gr.values(),
                   lambda ref: {grad_name.get(n, "d" + n) + (" (FLA wrong, 640)" if lifted else ""): rel_err(gr[n], r)
                                for n, r in zip(names, ref)})
-        row.time_both(gdn_fwd_bwd, fla_fwd_bwd)
+        qla_on = qla_takes(s)
+        row.time_both(gdn_fwd_bwd, fla_fwd_bwd, qla_fwd_bwd if qla_on else None)
         if row.gdn == "unsupported":
             row.gdn = "n/a"              # no backward on gdn's CUDA backend yet
         # peak memory above the inputs (and dout, dht) of one forward + backward
@@ -187,6 +220,15 @@ def bench_chunk(s, want_fwd, want_bwd):
         if not isinstance(res, str):
             row.mem["fla"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         del res
+        if qla_on:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            res = row.try_qla(qla_fwd_bwd)
+            torch.cuda.synchronize()
+            if not isinstance(res, str):
+                row.mem["qla"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            del res
         row.ref_errs = row.try_gdn(ref_slice_errors, s) if isinstance(row.gdn, float) else {}
         if isinstance(row.ref_errs, str):
             row.ref_errs = {}

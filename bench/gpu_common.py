@@ -41,6 +41,15 @@ FLA_REC_BETA = "use_beta_sigmoid_in_kernel" in _rec_params
 
 NOTES = []
 
+# FlashQLA (TileLang, Hopper; pip wheels flash-qla and tilelang) where it is installed: a third side of the chunk rows
+try:
+    import flash_qla as QLA
+except Exception as _e:                      # noqa: BLE001 -- absent, or its TileLang does not load here
+    QLA = None
+    QLA_MISSING = f"{type(_e).__name__}: {str(_e).strip().splitlines()[0][:160] if str(_e).strip() else ''}"
+else:
+    QLA_MISSING = None
+
 
 def fla_fused_gates(g, beta, A_log, dt_bias, kw, gate_in=None, beta_in=None):
     """q/k L2 norm, the gate -exp(A_log) softplus(a + dt_bias) and beta's sigmoid for an FLA call:
@@ -238,6 +247,7 @@ class Row:
     def __init__(self, op, shape, flops=0.0, nbytes=0.0):
         self.op, self.shape, self.flops, self.bytes = op, shape, flops, nbytes
         self.gdn, self.fla, self.errs = None, None, {}
+        self.qla = None      # FlashQLA's time or word (chunk rows, where it is installed)
         self.mem = {}        # fwd+bwd: peak MiB above the inputs, per side
         self.ref_errs = {}   # fwd+bwd: gdn vs float64 on a slice, per output
 
@@ -247,10 +257,16 @@ class Row:
     def try_fla(self, fn, *a, **kw):
         return _attempt("FLA", self.op, self.shape, fn, *a, **kw)
 
-    def time_both(self, gdn_fn, fla_fn, **kw):
-        """Times of both sides (time_us keywords kw); a side that fails keeps its word."""
+    def try_qla(self, fn, *a, **kw):
+        return _attempt("FlashQLA", self.op, self.shape, fn, *a, **kw)
+
+    def time_both(self, gdn_fn, fla_fn, qla_fn=None, **kw):
+        """Times of every side (time_us keywords kw); a side that fails keeps its word.
+        qla_fn: FlashQLA's call, where it is installed and takes the shape."""
         self.gdn = self.try_gdn(time_us, gdn_fn, **kw)
         self.fla = self.try_fla(time_us, fla_fn, **kw) if fla_fn else "n/a"
+        if qla_fn is not None:
+            self.qla = self.try_qla(time_us, qla_fn, **kw)
 
     def check(self, gdn_fn, fla_fn, outs, compare):
         """One call of each side on the same inputs, gdn's outputs outs filled with
@@ -267,7 +283,9 @@ class Row:
              "gdn_us": _num(self.gdn), "gdn_status": _word(self.gdn), "fla_us": _num(self.fla),
              "fla_status": _word(self.fla), "rel_err": self.errs, "peak_MiB": self.mem,
              "ref_err": self.ref_errs}
+        d["qla_us"], d["qla_status"] = _num(self.qla), _word(self.qla)
         d["fla_over_gdn"] = d["fla_us"] / d["gdn_us"] if d["gdn_us"] and d["fla_us"] else None
+        d["qla_over_gdn"] = d["qla_us"] / d["gdn_us"] if d["gdn_us"] and d["qla_us"] else None
         for side in ("gdn", "fla"):
             us = d[f"{side}_us"]
             d[f"{side}_pct_copy"] = 100.0 * self.bytes / (us * 1e-6) / copy if us and self.bytes else None
@@ -314,12 +332,13 @@ def buffer(nbytes):
 
 def print_table(rows, meta):
     print(f"device: {meta['device']}; torch {meta['torch']}, triton {meta['triton']}, FLA {meta['fla']} "
-          f"(chunk backend: {meta['fla_chunk_backend']})")
+          f"(chunk backend: {meta['fla_chunk_backend']}), FlashQLA {meta.get('flash_qla') or 'not installed'}")
     print(f"copy bandwidth (torch D2D copy of 2 GiB, read + write, best of 10) {meta['copy_GBps']:8.1f} GB/s")
     print(f"bf16 matmul (torch.mm 8192 x 8192 x 8192, best of 20)             {meta['mm_bf16_TFLOPs']:8.1f} TFLOP/s")
     print()
-    hdr = ("op", "shape", "gdn us", "FLA us", "FLA/gdn", "gdn %copy", "gdn %mm", "rel err")
-    w = (17, max([len(r["shape"]) for r in rows] + [5]), 11, 11, 8, 9, 8, 8)
+    qla = any(r["qla_status"] != "n/a" for r in rows)
+    hdr = ("op", "shape", "gdn us", "FLA us", "FLA/gdn", "gdn %copy", "gdn %mm", "rel err") + (("QLA us", "QLA/gdn") if qla else ())
+    w = (17, max([len(r["shape"]) for r in rows] + [5]), 11, 11, 8, 9, 8, 8, 11, 8)
 
     def line(cells):
         return "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(cells)).rstrip()
@@ -336,17 +355,20 @@ def print_table(rows, meta):
         print(line((r["op"], r["shape"], us(r["gdn_us"], r["gdn_status"]), us(r["fla_us"], r["fla_status"]),
                     "-" if r["fla_over_gdn"] is None else f"{r['fla_over_gdn']:.2f}",
                     pct(r["gdn_pct_copy"]), pct(r["gdn_pct_mm"]),
-                    "-" if err is None else f"{err:.1e}" + ("" if err <= ERR_FLAG else "!"))))
+                    "-" if err is None else f"{err:.1e}" + ("" if err <= ERR_FLAG else "!"))
+                   + ((us(r["qla_us"], r["qla_status"]),
+                       "-" if r["qla_over_gdn"] is None else f"{r['qla_over_gdn']:.2f}") if qla else ())))
     fb = [r for r in rows if r["peak_MiB"] or r["ref_err"]]
     if fb:
         print()
-        print(line(("op", "shape", "gdn MiB", "FLA MiB", "FLA/gdn", "", "", "ref err")))
+        print(line(("op", "shape", "gdn MiB", "FLA MiB", "FLA/gdn", "", "", "ref err") + (("QLA MiB", "QLA/gdn") if qla else ())))
         for r in fb:
             m, err = r["peak_MiB"], max(r["ref_err"].values()) if r["ref_err"] else None
-            g_, f_ = m.get("gdn"), m.get("fla")
+            g_, f_, q_ = m.get("gdn"), m.get("fla"), m.get("qla")
             print(line((r["op"], r["shape"], "-" if g_ is None else f"{g_:.0f}", "-" if f_ is None else f"{f_:.0f}",
                         "-" if not (g_ and f_) else f"{f_ / g_:.2f}", "", "",
-                        "-" if err is None else f"{err:.1e}")))
+                        "-" if err is None else f"{err:.1e}")
+                       + (("-" if q_ is None else f"{q_:.0f}", "-" if not (g_ and q_) else f"{q_ / g_:.2f}") if qla else ())))
         print("MiB: peak device memory of one forward + backward above its inputs (and dout, dht); "
               "ref err: gdn vs float64 on a slice, the largest over o, ht and every gradient")
         for r in fb:
@@ -354,5 +376,8 @@ def print_table(rows, meta):
                 print(f"  {r['shape']} ref err: " + ", ".join(f"{k} {v:.1e}" for k, v in r["ref_err"].items()))
     print()
     print(f"rel err: ||gdn - FLA|| / ||FLA||, the largest over the op's outputs; ! = above {ERR_FLAG:g}")
+    if qla:
+        print("QLA: FlashQLA's chunk_gated_delta_rule on the same inputs (its own intra-card context parallelism "
+              "on, as it ships); QLA/gdn > 1 means gdn is faster")
     for n in meta["notes"]:
         print(f"note: {n}")
