@@ -212,22 +212,16 @@ def bench_chunk(s, want_fwd, want_bwd):
         # peak memory above the inputs (and dout, dht) of one forward + backward
         held = [o, ht, saved, ws] + list(gr.values())
         row.mem["gdn"] = sum(x.numel() * x.element_size() for x in held) / 2**20
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        res = row.try_fla(fla_fwd_bwd)
-        torch.cuda.synchronize()
-        if not isinstance(res, str):
-            row.mem["fla"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        del res
-        if qla_on:
+        for side, attempt, fn in (("fla", row.try_fla, fla_fwd_bwd), ("qla", row.try_qla, qla_fwd_bwd if qla_on else None)):
+            if fn is None:
+                continue
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            res = row.try_qla(qla_fwd_bwd)
+            res = attempt(fn)
             torch.cuda.synchronize()
             if not isinstance(res, str):
-                row.mem["qla"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+                row.mem[side] = (torch.cuda.max_memory_allocated() - base) / 2**20
             del res
         row.ref_errs = row.try_gdn(ref_slice_errors, s) if isinstance(row.gdn, float) else {}
         if isinstance(row.ref_errs, str):
