@@ -768,6 +768,9 @@ void test_cp(void) {
         {"f16-gva", 2, 4, 24, 24, 2, {130, 170}, 0, 2, {0, 77, 300}, HF, HF, ALL | GDN_STATE_V_FIRST, 1, 0, 1, 1, 1, 0},
         /* 4 ranks over one sequence with K != V, odd sizes */
         {"four-ranks", 1, 1, 5, 7, 0, {0}, 259, 4, {0, 65, 66, 200, 259}, F, F, GDN_BETA_SIGMOID, 1, 2, 1, 1, 1, 0},
+        /* K = 256 in bf16 cut into segments: every fold over K x K maps (src/cuda/fold.cuh) in its two rounds of
+         * 128 rows, P and P^T, weak decay so P carries across the segments */
+        {"k256-segments", 1, 1, 256, 32, 0, {0}, 700, 2, {0, 330, 700}, BF, F, ALL, 1, 2, 1, 1, 1, 3},
     };
     const int ncase = (int)(sizeof cs / sizeof cs[0]);
     for (int i = 0; i < ncase; i++) {
