@@ -1,14 +1,16 @@
 /* Block products of fp32 operands on the tensor cores (mma.sync m16n8k8 tf32),
  * for kernels whose tiles sit in shared memory in fp32: the chunk backward.
  *
- * Operands come through accessors a(i, k) and b(k, n), so one routine serves
- * every transpose and mask; the result goes to an epilogue epi(i, n, value).
+ * warp_mma takes its operands through accessors a(i, k) and b(k, n), so one
+ * routine serves every transpose and mask (the group stage, K > 128);
+ * warp_mma_s and block_mm_s below take them as arrays, by ldmatrix where
+ * they can (every other pass). The result goes to an epilogue epi(i, n, value).
  * SPLIT runs each product as three tf32 products (3xTF32: hi*hi + hi*lo +
  * lo*hi, x = hi + lo with both halves tf32), which keeps fp32 accuracy (about
  * 2^-22 relative per product) for f32 inputs; without it one tf32 rounding
  * (2^-11) per operand, enough for bf16 / f16 inputs.
  *
- * Fragment reads are scalar shared loads. For no bank conflicts an array read
+ * warp_mma's fragment reads are scalar shared loads. For no bank conflicts an array read
  * along k in consecutive addresses (a(i,k) = X[i*ld + k], b(k,n) = X[n*ld + k])
  * wants ld = 4 mod 32; one read across k (a(i,k) = X[k*ld + i], b(k,n) =
  * X[k*ld + n]) wants ld = 8 mod 32. */
@@ -83,36 +85,10 @@ __device__ __forceinline__ void warp_store(const float (&acc)[4][4], int i0, int
     }
 }
 
-/* C[M, N] = A[M, Kd] B[Kd, N] over the block's warps (tiles of 16 x 32 dealt
- * round robin), epi(i, n, C_in) for every i < M, n < N. krange(i0, &k0, &k1)
- * narrows the k range of the 16 rows from i0 (triangular operands); k0, k1
- * must be multiples of 8 and the accessors zero outside what they hold, up
- * to M and N rounded up to 16 and 8 and Kd rounded up to 8. Every warp of
- * the block calls it; no barrier inside. */
-template <bool SPLIT, typename FA, typename FB, typename FE, typename FK>
-__device__ __forceinline__ void block_mm(int M, int N, int Kd, const FA &a, const FB &b, const FE &epi, const FK &krange) {
-    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int mt = (M + 15) >> 4, ntile = (N + 31) >> 5, n8 = (N + 7) >> 3, kd8 = (Kd + 7) & ~7;
-    for (int task = warp; task < mt * ntile; task += nw) {
-        const int i0 = (task / ntile) * 16, n0 = (task % ntile) * 32;
-        const int nt = n8 - n0 / 8 < 4 ? n8 - n0 / 8 : 4;
-        float acc[4][4] = {};
-        int k0 = 0, k1 = kd8;
-        krange(i0, &k0, &k1);
-        if (k1 > kd8) k1 = kd8;
-        warp_mma<SPLIT>(acc, a, b, i0, n0, nt, k0, k1);
-        warp_store(acc, i0, n0, nt, M, N, epi);
-    }
-}
-
+/* krange of block_mm_s that keeps the whole k range */
 struct full_k {
     __device__ __forceinline__ void operator()(int, int *, int *) const {}
 };
-
-template <bool SPLIT, typename FA, typename FB, typename FE>
-__device__ __forceinline__ void block_mm(int M, int N, int Kd, const FA &a, const FB &b, const FE &epi) {
-    block_mm<SPLIT>(M, N, Kd, a, b, epi, full_k{});
-}
 
 /* ---- products fed from shared fp32 arrays by pointer, no accessors ----
  *
@@ -198,10 +174,13 @@ __device__ __forceinline__ void warp_mma_s(float (&acc)[4][4], const float *A, i
     }
 }
 
-/* block_mm with its operands as arrays (warp_mma_s): C[M, N] over the
- * block's warps in 16 x 32 tiles dealt round robin, N a multiple of 32,
- * epi(i, n, C_in) for every i < M, n < N; krange and the zeros the arrays
- * must hold as for block_mm */
+/* C[M, N] = A[M, Kd] B[Kd, N] with its operands as arrays (warp_mma_s)
+ * over the block's warps in 16 x 32 tiles dealt round robin, N a multiple
+ * of 32, epi(i, n, C_in) for every i < M, n < N. krange(i0, &k0, &k1)
+ * narrows the k range of the 16 rows from i0 (triangular operands; full_k
+ * keeps it); k0, k1 multiples of 8, the arrays zero outside what they hold
+ * up to M rounded up to 16 and Kd rounded up to 8. Every warp of the block
+ * calls it; no barrier inside. */
 template <bool SPLIT, bool AT, bool BK, bool AX = false, bool BX = false, typename FE, typename FK>
 __device__ __forceinline__ void block_mm_s(int M, int N, int Kd, const float *A, int lda, const float *B, int ldb, const FE &epi,
                                            const FK &krange) {
