@@ -394,6 +394,13 @@ template <bool SPLIT> struct GDN_CBWD_HIDDEN SweepPass {
     static void launch_fwd(const BwdArgs &p, unsigned blocks, cudaStream_t st);
     static void launch_bwd(const BwdArgs &p, unsigned blocks, cudaStream_t st);
 };
+/* chunk_bwd_sweep_t.cu: the reverse sweep transposed on wgmma, where it takes
+ * the shape (bf16, K = 128, V in 128-column blocks); launch_bwd goes there */
+struct GDN_CBWD_HIDDEN SweepT {
+    static bool takes(const BwdArgs &p);
+    static cudaError_t attr();
+    static void launch(const BwdArgs &p, cudaStream_t st);
+};
 /* chunk_bwd_grp.cu: one group of nsl slots (grp_kernel, then grp_qk_kernel);
  * dparam after the last group */
 template <bool SPLIT> struct GDN_CBWD_HIDDEN GrpPass {

@@ -161,6 +161,32 @@ template <bool BF> __device__ __forceinline__ void wgt_ss32(float *d, uint64_t d
     else asm volatile(WGX_OP(32, "f16", WG_R16, "%16, %17", "%18", "0, 0") : WG_D16 : "l"(da), "l"(db), "r"(acc));
 }
 
+/* descriptors: K-major in the 128-byte swizzle (8-row groups 1024 B apart;
+ * lbo: MN-major, the distance of 64-column blocks), and K-major blocked
+ * without swizzle (core matrices along k 128 B apart, along n 1024 B) */
+__device__ __forceinline__ uint64_t desc_sw128(const void *p, int lbo) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ uint64_t desc_blk(const void *p) {
+    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32);
+}
+/* fp32 accumulator pairs (m64 layout: v[2i], v[2i+1] at row g, v[2i+2], v[2i+3]
+ * at row g + 8 of n8 tile i) as the A fragment of k step kk */
+template <typename M> __device__ __forceinline__ void afrag(uint32_t a[4], const float *v, int kk) {
+    a[0] = M::pack(v[8 * kk], v[8 * kk + 1]);
+    a[1] = M::pack(v[8 * kk + 2], v[8 * kk + 3]);
+    a[2] = M::pack(v[8 * kk + 4], v[8 * kk + 5]);
+    a[3] = M::pack(v[8 * kk + 6], v[8 * kk + 7]);
+}
+/* the same as hi + lo halves (lo only where the type splits) */
+template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4], uint32_t lo[4], const float *v, int kk) {
+    afrag<M>(hi, v, kk);
+    if (M::split)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            lo[e] = M::pack(v[8 * kk + 2 * e] - M::lo(hi[e]), v[8 * kk + 2 * e + 1] - M::hi(hi[e]));
+}
+
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;

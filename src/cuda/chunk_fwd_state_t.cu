@@ -36,15 +36,6 @@ struct TSmem {
 };
 static_assert(TStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
 
-/* descriptors: K-major in the 128-byte swizzle (8-row groups 1024 B apart;
- * lbo: MN-major, the distance of 64-column blocks), and K-major blocked
- * without swizzle (core matrices along k 128 B apart, along n 1024 B) */
-__device__ __forceinline__ uint64_t desc_sw128(const void *p, int lbo) {
-    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ uint64_t desc_blk(const void *p) {
-    return (uint64_t)((saddr(p) & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32);
-}
 __device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
                  "r"(r3) : "memory");
@@ -55,23 +46,6 @@ __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.syn
  * and 6), so one's epilogue runs while the other's products do. */
 __device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(5 + cg) : "memory"); }
 __device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
-
-/* fp32 accumulator pairs (m64 layout: v[2i], v[2i+1] at row g, v[2i+2], v[2i+3]
- * at row g + 8 of n8 tile i) as the A fragment of k step kk */
-template <typename M> __device__ __forceinline__ void afrag(uint32_t a[4], const float *v, int kk) {
-    a[0] = M::pack(v[8 * kk], v[8 * kk + 1]);
-    a[1] = M::pack(v[8 * kk + 2], v[8 * kk + 3]);
-    a[2] = M::pack(v[8 * kk + 4], v[8 * kk + 5]);
-    a[3] = M::pack(v[8 * kk + 6], v[8 * kk + 7]);
-}
-/* the same as hi + lo halves (lo only where the type splits) */
-template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4], uint32_t lo[4], const float *v, int kk) {
-    afrag<M>(hi, v, kk);
-    if (M::split)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            lo[e] = M::pack(v[8 * kk + 2 * e] - M::lo(hi[e]), v[8 * kk + 2 * e + 1] - M::hi(hi[e]));
-}
 
 /* ST: the backward's states mode (p.states): each chunk's entering state
  * stored, no o (a separate instance, so the forward's code is untouched) */

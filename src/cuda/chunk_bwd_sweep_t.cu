@@ -1,0 +1,289 @@
+/* CUDA chunk backward, the reverse sweep transposed (bf16, K = 128, V in
+ * 128-column blocks): dS^T in the registers of two warpgroups as the A
+ * operand of every product, the mirror of the forward's transposed state
+ * walk (chunk_fwd_state_t.cu); its launcher.
+ *
+ * Per chunk, in reverse (bwd_sweep of chunk_bwd_sweep.cu, transposed; the
+ * rows of dS^T are this warpgroup's 64 columns of V):
+ *   dstates[slot] = dS
+ *   Z^T  = dS^T K^T                         (dS as hi + lo)
+ *   dU^T = Z^T diag(ek rk) + dO^T P         (P as hi + lo; dO exact)
+ *   Y^T  = dU^T Tm                          (dU and Tm as hi + lo: three products)
+ *   dS^T = exp(gL) dS^T - (Y^T diag(beta exp(gc) rk)) K + (dO^T diag(scale exp(gc) rq)) Q
+ * q and k stay raw (bf16 is exact there) with their rstd as the scales
+ * above; every other operand is split into bf16 hi + lo halves, so each
+ * product keeps ~16 bits of its inexact operands (3xTF32 kept ~21; the
+ * gradients are stored in 16 bits). A chunk's k, q, dO rows (128-byte
+ * swizzle) and its record's Tm, P and gate rows come by cp.async a chunk
+ * ahead into the other of two stages; Tm and P are split into their blocked
+ * bf16 hi / lo operands once a chunk by the whole block. */
+#include "cuda/chunk_bwd.cuh"
+#include "cuda/chunk_fwd.cuh"
+
+namespace gdn {
+namespace cbwd {
+namespace {
+
+using M = cfwd::mma_traits<__nv_bfloat16>;
+using cfwd::afrag;
+using cfwd::afrag_hilo;
+using cfwd::blk64;
+using cfwd::desc_blk;
+using cfwd::desc_sw128;
+using cfwd::wgt_rs;
+
+constexpr int TT = 256;   /* threads: two warpgroups */
+struct RStage {           /* one chunk's inputs, in bytes; 1024-byte aligned pieces for the swizzle */
+    static constexpr int k = 0;           /* [k cols 0-63][k cols 64-127], 64 rows x 128 B each, swizzled */
+    static constexpr int q = 16384;       /* the same for q */
+    static constexpr int o = 32768;       /* dO: [the block's cols 0-63][cols 64-127] */
+    static constexpr int rec = 49152;     /* the record's Tm, P (fp32 64 x 64 each) */
+    static constexpr int tok = 81920;     /* the record's gcd (64 doubles), gam, beta */
+    static constexpr int bytes = 82944;
+};
+static_assert(RStage::bytes % 1024 == 0 && RStage::tok + 1024 == RStage::bytes, "stages keep the swizzle's alignment");
+struct RSmem {
+    static constexpr int ph = 2 * RStage::bytes;   /* P as B (k = s, n = t): hi, lo, blocked bf16 */
+    static constexpr int pl = ph + 8192;
+    static constexpr int th = pl + 8192;           /* Tm as B (k = u, n = t): hi, lo */
+    static constexpr int tl = th + 8192;
+    static constexpr int sc = tl + 8192;           /* per token: eks, ys, qs (fp32) */
+    static constexpr int bytes = sc + 3 * CC * 4 + 1024;   /* + the base's alignment */
+};
+
+/* the state gradient (n, j) of dht / dh0 at (k row i, column v) */
+__device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int i, int v) {
+    const int64_t base = (n * p.HV + j) * (int64_t)p.K * p.V;
+    return base + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)v * p.K + i : (int64_t)i * p.V + v);
+}
+
+__global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
+    extern __shared__ __align__(1024) char smr_raw[];
+    char *sm = smr_raw + ((1024 - (saddr(smr_raw) & 1023)) & 1023);
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
+    const int cg = w >> 2, wl = w & 3;   /* warpgroup (64 columns of V), warp in it (16 of them) */
+    const int nvb = p.V / 128, vb = blockIdx.x % nvb, j = (blockIdx.x / nvb) % p.HV, h = j / p.G;
+    const int64_t n = blockIdx.x / (nvb * p.HV);
+    const int K = 128, V = p.V, vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of dS^T: d0, d0 + 8 */
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    __nv_bfloat16 *Ph = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::ph), *Pl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::pl);
+    __nv_bfloat16 *Th = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::th), *Tl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::tl);
+    float *eks = reinterpret_cast<float *>(sm + RSmem::sc), *ys = eks + CC, *qs = ys + CC;
+
+    /* chunk ci into stage sl (every thread its pieces; one commit group), and
+     * the thread's token's rstd (threads < CC) into rk, rq */
+    float frk = 0.f, frq = 0.f;
+    const auto fetch = [&](int64_t ci, int sl) {
+        char *stg = sm + sl * RStage::bytes;
+        const int64_t row0 = bos + ci * CC;
+        const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
+        const __nv_bfloat16 *qk[2] = {static_cast<const __nv_bfloat16 *>(p.k), static_cast<const __nv_bfloat16 *>(p.q)};
+        const __nv_bfloat16 *dO = static_cast<const __nv_bfloat16 *>(p.dout);
+#pragma unroll
+        for (int u = 0; u < 3 * CC * 16 / TT; u++) {
+            const int e = tid + u * TT, m = e / (CC * 16), r = (e / 16) % CC, c16 = e % 16, half = c16 >> 3, ch = c16 & 7;
+            char *dst = stg + m * 16384 + half * 8192 + r * 128 + ((ch ^ (r & 7)) << 4);
+            const bool in = r < c;
+            const int64_t row = row0 + (in ? r : 0);
+            const __nv_bfloat16 *src = m < 2 ? qk[m] + (row * p.H + h) * (int64_t)K + c16 * 8
+                                             : dO + (row * p.HV + j) * (int64_t)V + vcol0 + c16 * 8;
+            gdn::cp16(dst, src, in);
+        }
+        const float *rec = p.rec + ((sb + ci) * p.HV + j) * (int64_t)REC;
+#pragma unroll
+        for (int u = 0; u < 2 * CC * CC / 4 / TT; u++) {
+            const int e = tid + u * TT;
+            gdn::cp16(stg + RStage::rec + 16 * e, rec + R_TM + 4 * e, true);
+        }
+        if (tid < 64) gdn::cp16(stg + RStage::tok + 16 * tid, rec + R_GCD + 4 * tid, true);   /* gcd, gam, beta */
+        gdn::cp_commit();
+        if (tid < CC) {
+            frk = tid < c ? (l2 ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f) : 0.f;
+            frq = tid < c ? (l2 ? p.rstd_q[(row0 + tid) * p.H + h] : 1.f) : 0.f;
+        }
+    };
+
+    /* dS^T: st[4 i + e] = dS[k = 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] */
+    float st[64];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+            st[4 * i + e] = p.dht ? p.dht[st_at(p, n, j, kr, vc)] : 0.f;
+        }
+    if (nch > 0) fetch(nch - 1, 0);
+    const int lm = lane >> 3, lr = lane & 7;
+    BP_DECL;
+    for (int64_t ci = nch - 1; ci >= 0; ci--) {
+        const int sl = (int)((nch - 1 - ci) & 1);
+        char *stg = sm + sl * RStage::bytes;
+        const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
+        const float rk = frk, rq = frq;
+        gdn::cp_wait_all();
+        cfwd::fence_async_smem();
+        __syncthreads();   /* stage sl is in; the other stage and the operands of the last chunk are free */
+        if (ci > 0) fetch(ci - 1, sl ^ 1);
+        if (p.dstates) {   /* dS leaving chunk ci, this thread's part */
+            float *sd = p.dstates + ((sb + ci) * p.HV + j) * (int64_t)K * V;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sd[(int64_t)(8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
+        }
+        BP(0);
+        /* Tm and P into their blocked hi / lo operands; the per-token scales */
+        {
+            const float *Tf = reinterpret_cast<const float *>(stg + RStage::rec), *Pf = Tf + CC * CC;
+#pragma unroll 4
+            for (int e = tid; e < 2 * CC * CC / 2; e += TT) {
+                const int mat = e >> 11, x = e & 2047;   /* 2048 pairs a matrix: (s, s + 1) of column t */
+                const int t = (x & 7) + 8 * ((x >> 5) & 7), sp = ((x >> 3) & 3) + 4 * (x >> 8), s = 2 * sp;
+                const float *F = mat ? Pf : Tf;
+                const float a = F[s * CC + t], b = F[(s + 1) * CC + t];
+                const uint32_t hi = M::pack(a, b), lo = M::pack(a - M::lo(hi), b - M::hi(hi));
+                const int at = blk64(t, s);
+                *reinterpret_cast<uint32_t *>((mat ? Ph : Th) + at) = hi;
+                *reinterpret_cast<uint32_t *>((mat ? Pl : Tl) + at) = lo;
+            }
+            if (tid < CC) {
+                const double *gcd = reinterpret_cast<const double *>(stg + RStage::tok);
+                const float *gam = reinterpret_cast<const float *>(stg + RStage::tok + 512), *bet = gam + CC;
+                const float ek = tid < c ? expf((float)(gcd[c - 1] - gcd[tid])) : 0.f;
+                eks[tid] = ek * rk;
+                ys[tid] = -(bet[tid] * gam[tid] * rk);   /* negated: dS^T -= ... as an accumulation */
+                qs[tid] = p.scale * gam[tid] * rq;
+            }
+            cfwd::fence_async_smem();
+            __syncthreads();
+        }
+        BP(1);
+        const __nv_bfloat16 *Ks = reinterpret_cast<const __nv_bfloat16 *>(stg + RStage::k);
+        const __nv_bfloat16 *Qs = reinterpret_cast<const __nv_bfloat16 *>(stg + RStage::q);
+        const char *Ob = stg + RStage::o + cg * 8192;
+        /* ---- Z^T = dS^T K^T ---- */
+        float z[32], u[32];
+        {
+            uint32_t sa[8][2][4];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][1], st, kk);
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const uint64_t db = desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16);
+                wgt_rs<64, true, 0>(z, sa[kk][0], db, kk);
+                wgt_rs<64, true, 0>(z, sa[kk][1], db, 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+        }
+        /* dO^T in the accumulator layout (tokens 8 a.., this warp's rows), which is also its A fragments */
+        uint32_t vt[8][2];
+#pragma unroll
+        for (int ip = 0; ip < 8; ip += 2) {
+            const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+            uint32_t r[4];
+            gdn::ldsm4t(r, Ob + tok * 128 + ((ch ^ lr) << 4));
+            vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
+        }
+        /* ---- dO^T P ---- */
+        cfwd::wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint32_t a[4] = {vt[2 * kk][0], vt[2 * kk][1], vt[2 * kk + 1][0], vt[2 * kk + 1][1]};
+            wgt_rs<64, true, 0>(u, a, desc_blk(Ph + kk * 128), kk);
+            wgt_rs<64, true, 0>(u, a, desc_blk(Pl + kk * 128), 1);
+        }
+        cfwd::wg_commit();
+        cfwd::wg_wait<0>();
+        BP(2);
+        /* ---- dU^T = Z^T diag(ek rk) + dO^T P; Y^T = dU^T Tm ---- */
+        float y[32];
+        {
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 s = *reinterpret_cast<const float2 *>(eks + 8 * a + 2 * tq);
+                u[4 * a] = fmaf(s.x, z[4 * a], u[4 * a]); u[4 * a + 1] = fmaf(s.y, z[4 * a + 1], u[4 * a + 1]);
+                u[4 * a + 2] = fmaf(s.x, z[4 * a + 2], u[4 * a + 2]); u[4 * a + 3] = fmaf(s.y, z[4 * a + 3], u[4 * a + 3]);
+            }
+            uint32_t ua[4][2][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ua[kk][0], ua[kk][1], u, kk);
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wgt_rs<64, true, 0>(y, ua[kk][0], desc_blk(Th + kk * 128), kk);
+                wgt_rs<64, true, 0>(y, ua[kk][0], desc_blk(Tl + kk * 128), 1);
+                wgt_rs<64, true, 0>(y, ua[kk][1], desc_blk(Th + kk * 128), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+        }
+        BP(3);
+        /* ---- dS^T = exp(gL) dS^T + (Y^T diag(ys)) K + (dO^T diag(qs)) Q ---- */
+        {
+            float x[32];
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 s = *reinterpret_cast<const float2 *>(ys + 8 * a + 2 * tq);
+                const float2 r = *reinterpret_cast<const float2 *>(qs + 8 * a + 2 * tq);
+                y[4 * a] *= s.x; y[4 * a + 1] *= s.y; y[4 * a + 2] *= s.x; y[4 * a + 3] *= s.y;
+                x[4 * a] = r.x * M::lo(vt[a][0]); x[4 * a + 1] = r.y * M::hi(vt[a][0]);
+                x[4 * a + 2] = r.x * M::lo(vt[a][1]); x[4 * a + 3] = r.y * M::hi(vt[a][1]);
+            }
+            uint32_t ya[4][2][4], xa[4][2][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                afrag_hilo<M>(ya[kk][0], ya[kk][1], y, kk);
+                afrag_hilo<M>(xa[kk][0], xa[kk][1], x, kk);
+            }
+            const float gl = reinterpret_cast<const float *>(stg + RStage::tok + 512)[c - 1];
+#pragma unroll
+            for (int i = 0; i < 64; i++) st[i] *= gl;
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t dk = desc_sw128(Ks + kk * 16 * 64, 8192), dq = desc_sw128(Qs + kk * 16 * 64, 8192);
+                wgt_rs<128, true, 1>(st, ya[kk][0], dk, 1);
+                wgt_rs<128, true, 1>(st, ya[kk][1], dk, 1);
+                wgt_rs<128, true, 1>(st, xa[kk][0], dq, 1);
+                wgt_rs<128, true, 1>(st, xa[kk][1], dq, 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+        }
+        BP(4);
+    }
+    BP_PRINT(blockIdx.x == 0 && nch > 0, "bwd_sweep_t per chunk: wait, fetch, store dS | Tm P split | Z dOP | Y | dS", 5, nch);
+    if (p.dh0) {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) p.dh0[st_at(p, n, j, 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * i + e];
+    }
+}
+
+}  // namespace
+
+/* bf16, K = 128, V in 128-column blocks, q / k / dO rows 16-byte aligned */
+bool SweepT::takes(const BwdArgs &p) {
+    const auto al = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
+    return p.dt == 1 && p.K == 128 && p.V % 128 == 0 && al(p.q) && al(p.k) && al(p.dout);
+}
+cudaError_t SweepT::attr() {
+    static bool done = false;
+    if (done) return cudaSuccess;
+    const cudaError_t e = smem_attr(bwd_sweep_t_kernel, RSmem::bytes);
+    if (e == cudaSuccess) done = true;
+    return e;
+}
+void SweepT::launch(const BwdArgs &p, cudaStream_t st) {
+    const unsigned blocks = (unsigned)(p.N * p.HV * (p.V / 128));
+    if (blocks > 0) bwd_sweep_t_kernel<<<blocks, TT, RSmem::bytes, st>>>(p);
+}
+
+}  // namespace cbwd
+}  // namespace gdn
