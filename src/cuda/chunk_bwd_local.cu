@@ -25,6 +25,7 @@
  * owns rows 16 (w % 4) and half w / 4 of the columns of every c x K and c x c
  * sum; the panel's c x VP products are dealt one 16 x 16 tile per warp. */
 #include "cuda/chunk_bwd.cuh"
+#include "cuda/chunk_fwd.cuh"
 
 namespace gdn {
 namespace cbwd {
@@ -291,7 +292,263 @@ template <bool SPLIT, int KH> struct QFetch {
 };
 __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 && (p.K & 7) == 0 && rows16_ok(p.q, p.dt, p.K, 0, p.K); }
 
-template <bool SPLIT, int KH>
+/* ---- the V walk on wgmma (bf16, K = 128, V % 64 == 0; vside_wg) ----
+ * The same sums as the walk of local_kernel, with the chunk's tiles as bf16
+ * operands of wgmma from shared memory: k, v, dO raw (exact), S0, dS, Tm,
+ * P, X, U, dU as hi + lo halves. Each panel of 64 columns:
+ *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
+ *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)
+ *   U = Tm X (warpgroup 0; into X's place), dBv = Tm^T dU (warpgroup 1: dv, dbeta)
+ *   dKd += U dS^T, Xq += dO S0^T, dWk += dU S0^T (c x K), dP += dO U^T, dTm += dU v^T (c x c)
+ * Warpgroup w sums the columns local_kernel's warps 4w..4w+3 own (K
+ * columns 64w.., c x c columns 32w..), so the accumulators land in the
+ * registers of the K side as its mma.sync tiles would (the m64 wgmma
+ * accumulator is the m16n8 tile layout, warp by warp). Every operand is a
+ * 64-element-wide block of 128-byte rows in the 128-byte swizzle; the sums
+ * over V read them K-major, the sums over K and c MN-major (transposed). */
+using WM = cfwd::mma_traits<__nv_bfloat16>;
+constexpr int WVP = 64;   /* panel columns */
+struct VS {               /* byte offsets from a 1024-byte aligned base */
+    static constexpr int Kr = 0;                   /* k raw: [cols 0-63][cols 64-127], 64 rows each */
+    static constexpr int Th = 16384, Tl = 24576;   /* Tm rows t (hi, lo) */
+    static constexpr int Ph = 32768, Pl = 40960;   /* P rows s (query), as stored in the record */
+    static constexpr int S0h = 49152, S0l = 65536, dSh = 81920, dSl = 98304;   /* 128 rows (k) of the panel */
+    static constexpr int Vr = 114688, Or = 122880;  /* v, dO raw: the panel's columns, rows t */
+    static constexpr int Xh = 131072, Xl = 139264;  /* X, then U */
+    static constexpr int dUh = 147456, dUl = 155648;
+    static constexpr int sc = 163840;               /* xs = beta exp(gc) rk, us = ek rk */
+    static constexpr int bytes = sc + 2 * CC * 4;
+};
+/* byte offset of element e of row r in such a block */
+__device__ __forceinline__ int swz(int r, int e) { return r * 128 + ((((e >> 3) ^ r) & 7) << 4) + (e & 7) * 2; }
+__device__ __forceinline__ uint64_t vdesc(const char *p) { return cfwd::desc_sw128(p, 16); }
+/* wgmma with A and B from shared memory; TA, TB: operand MN-major (transposed) */
+template <int TA, int TB> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+template <int TA, int TB> __device__ __forceinline__ void wss32(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+/* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
+__device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
+    const int lane = threadIdx.x & 31, wl = (threadIdx.x >> 5) & 3, m = lane >> 3;
+    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+    for (int a = 0; a < 8; a += 2) {
+        const int at = swz(row, 8 * (a + (m >> 1)));
+        uint32_t h[4], l[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
+            h[q] = WM::pack(x[b], x[b + 1]);
+            l[q] = WM::pack(x[b] - WM::lo(h[q]), x[b + 1] - WM::hi(h[q]));
+        }
+        cfwd::stsm4(hi + at, h[0], h[1], h[2], h[3]);
+        cfwd::stsm4(lo + at, l[0], l[1], l[2], l[3]);
+    }
+}
+/* four fp32 values as hi, lo bf16 halves (8 bytes each) */
+__device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
+    const uint32_t h0 = WM::pack(v.x, v.y), h1 = WM::pack(v.z, v.w);
+    *reinterpret_cast<uint2 *>(hi) = make_uint2(h0, h1);
+    *reinterpret_cast<uint2 *>(lo) = make_uint2(WM::pack(v.x - WM::lo(h0), v.y - WM::hi(h0)), WM::pack(v.z - WM::lo(h1), v.w - WM::hi(h1)));
+}
+
+/* the V walk of one item: the sums into aKd, aXq, aWk (c x K) and aP, aTm
+ * (c x c), dv stored, dBv . v added to dbt, S0 . dS to tot. gam, bet, ek set
+ * by this thread for its token (t < CC); vb: VS::bytes of shared memory,
+ * 1024-byte aligned. Every thread calls it; it starts and ends without a
+ * barrier (the caller's). */
+template <typename AccT>
+__device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, int j, int h, const float *rec, const float *S0g,
+                                         const float *dSg, const float *gam, const float *bet, const float *ek, float *dbt, char *vb,
+                                         AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot) {
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
+    const int g = lane >> 2, tq = lane & 3, V = p.V;
+    float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC;
+    /* k rows raw by cp.async (rows past c zero), Tm and P as hi + lo, the row scales */
+    for (int e = tid; e < CC * 16; e += NT) {
+        const int r = e >> 4, c16 = e & 15;
+        const bool in = r < c;
+        const __nv_bfloat16 *src = static_cast<const __nv_bfloat16 *>(p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)128 + c16 * 8;
+        gdn::cp16(vb + VS::Kr + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), src, in);
+    }
+    gdn::cp_commit();
+    {
+        Mat64 mt, mp;
+        mt.issue(rec + R_TM);
+        mp.issue(rec + R_P);
+#pragma unroll
+        for (int u = 0; u < CC * CC / 4 / NT; u++) {
+            const int e = 4 * (tid + u * NT), r = e >> 6, c0 = e & 63;
+            put_hilo4(vb + VS::Th + swz(r, c0), vb + VS::Tl + swz(r, c0), mt.r[u]);
+            put_hilo4(vb + VS::Ph + swz(r, c0), vb + VS::Pl + swz(r, c0), mp.r[u]);
+        }
+    }
+    if (tid < CC) {
+        const float rk = tid < c ? ((p.flags & GDN_QK_L2NORM) ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f) : 0.f;
+        xs[tid] = bet[tid] * gam[tid] * rk;
+        us[tid] = ek[tid] * rk;
+    }
+    float db0 = 0.f, db1 = 0.f;   /* warpgroup 1: dBv . v of rows 16 wl + g, + 8 */
+    const int t0 = 16 * wl + g, t1 = t0 + 8;
+    for (int v0 = 0; v0 < V; v0 += WVP) {
+        __syncthreads();   /* the last panel's operands are no longer read */
+        for (int e = tid; e < 2 * CC * 8; e += NT) {   /* v and dO rows, the panel's columns */
+            const int m = e >> 9, r = (e >> 3) & 63, ch = e & 7;
+            const bool in = r < c;
+            const __nv_bfloat16 *src = static_cast<const __nv_bfloat16 *>(m ? p.dout : p.v) + ((row0 + (in ? r : 0)) * p.HV + j) * (int64_t)V +
+                                       v0 + ch * 8;
+            gdn::cp16(vb + (m ? VS::Or : VS::Vr) + swz(r, ch * 8), src, in);
+        }
+        gdn::cp_commit();
+        {   /* S0 and dS rows of the panel as hi + lo; the sum of S0 dS */
+            float4 a[8], b[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = tid + u * NT, i = e >> 4, q = e & 15;
+                a[u] = *reinterpret_cast<const float4 *>(S0g + (int64_t)i * V + v0 + 4 * q);
+                b[u] = *reinterpret_cast<const float4 *>(dSg + (int64_t)i * V + v0 + 4 * q);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
+                tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
+                put_hilo4(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
+                put_hilo4(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
+            }
+        }
+        gdn::cp_wait_all();
+        cfwd::fence_async_smem();
+        __syncthreads();
+        float x[32];
+        if (cg == 0) {   /* X = beta v - xs K S0 */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
+                wss64<0, 1>(x, da, vdesc(vb + VS::S0h + kk * 2048), kk);
+                wss64<0, 1>(x, da, vdesc(vb + VS::S0l + kk * 2048), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+#pragma unroll
+            for (int a = 0; a < 8; a++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int t = hr ? t1 : t0;
+                    const uint32_t vv = *reinterpret_cast<const uint32_t *>(vb + VS::Vr + swz(t, 8 * a + 2 * tq));
+                    x[4 * a + 2 * hr] = bet[t] * WM::lo(vv) - xs[t] * x[4 * a + 2 * hr];
+                    x[4 * a + 2 * hr + 1] = bet[t] * WM::hi(vv) - xs[t] * x[4 * a + 2 * hr + 1];
+                }
+            store_hilo(x, vb + VS::Xh, vb + VS::Xl);
+        } else {   /* dU = us K dS + P^T dO */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
+                wss64<0, 1>(x, da, vdesc(vb + VS::dSh + kk * 2048), kk);
+                wss64<0, 1>(x, da, vdesc(vb + VS::dSl + kk * 2048), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float s0 = us[t0], s1 = us[t1];
+#pragma unroll
+            for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = vdesc(vb + VS::Or + kk * 2048);
+                wss64<1, 1>(x, vdesc(vb + VS::Ph + kk * 2048), db, 1);
+                wss64<1, 1>(x, vdesc(vb + VS::Pl + kk * 2048), db, 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            store_hilo(x, vb + VS::dUh, vb + VS::dUl);
+        }
+        cfwd::fence_async_smem();
+        __syncthreads();
+        if (cg == 0) {   /* U = Tm X, into X's place (only this warpgroup reads X) */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t th = vdesc(vb + VS::Th + kk * 32), xh = vdesc(vb + VS::Xh + kk * 2048);
+                wss64<0, 1>(x, th, xh, kk);
+                wss64<0, 1>(x, th, vdesc(vb + VS::Xl + kk * 2048), 1);
+                wss64<0, 1>(x, vdesc(vb + VS::Tl + kk * 32), xh, 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            store_hilo(x, vb + VS::Xh, vb + VS::Xl);
+        } else {   /* dBv = Tm^T dU: dv = beta dBv; dbeta += dBv . v */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t th = vdesc(vb + VS::Th + kk * 2048), uh = vdesc(vb + VS::dUh + kk * 2048);
+                wss64<1, 1>(x, th, uh, kk);
+                wss64<1, 1>(x, th, vdesc(vb + VS::dUl + kk * 2048), 1);
+                wss64<1, 1>(x, vdesc(vb + VS::Tl + kk * 2048), uh, 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+#pragma unroll
+            for (int a = 0; a < 8; a++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int t = hr ? t1 : t0, n = 8 * a + 2 * tq;
+                    if (t < c) {
+                        const float x0 = x[4 * a + 2 * hr], x1 = x[4 * a + 2 * hr + 1];
+                        const int64_t at = ((row0 + t) * p.HV + j) * (int64_t)V + v0 + n;
+                        *reinterpret_cast<uint32_t *>(static_cast<__nv_bfloat16 *>(p.dv) + at) = WM::pack(bet[t] * x0, bet[t] * x1);
+                        const uint32_t vv = *reinterpret_cast<const uint32_t *>(vb + VS::Vr + swz(t, n));
+                        const float d = fmaf(x0, WM::lo(vv), x1 * WM::hi(vv));
+                        if (hr) db1 += d; else db0 += d;
+                    }
+                }
+        }
+        cfwd::fence_async_smem();
+        __syncthreads();
+        /* the sums over the panel's columns (k = v) */
+        cfwd::wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint64_t uh = vdesc(vb + VS::Xh + kk * 32), ul = vdesc(vb + VS::Xl + kk * 32);
+            const uint64_t oh = vdesc(vb + VS::Or + kk * 32);
+            const uint64_t duh = vdesc(vb + VS::dUh + kk * 32), dul = vdesc(vb + VS::dUl + kk * 32);
+            const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), sl = vdesc(vb + VS::S0l + cg * 8192 + kk * 32);
+            const uint64_t dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32), dl = vdesc(vb + VS::dSl + cg * 8192 + kk * 32);
+            wss64<0, 0>(&aKd[0][0][0], uh, dh, 1);
+            wss64<0, 0>(&aKd[0][0][0], uh, dl, 1);
+            wss64<0, 0>(&aKd[0][0][0], ul, dh, 1);
+            wss64<0, 0>(&aXq[0][0][0], oh, sh, 1);
+            wss64<0, 0>(&aXq[0][0][0], oh, sl, 1);
+            wss64<0, 0>(&aWk[0][0][0], duh, sh, 1);
+            wss64<0, 0>(&aWk[0][0][0], duh, sl, 1);
+            wss64<0, 0>(&aWk[0][0][0], dul, sh, 1);
+            const uint64_t ush = vdesc(vb + VS::Xh + cg * 4096 + kk * 32), usl = vdesc(vb + VS::Xl + cg * 4096 + kk * 32);
+            const uint64_t vr = vdesc(vb + VS::Vr + cg * 4096 + kk * 32);
+            wss32<0, 0>(&aP[0][0], oh, ush, 1);
+            wss32<0, 0>(&aP[0][0], oh, usl, 1);
+            wss32<0, 0>(&aTm[0][0], duh, vr, 1);
+            wss32<0, 0>(&aTm[0][0], dul, vr, 1);
+        }
+        cfwd::wg_commit();
+        cfwd::wg_wait<0>();
+    }
+    if (cg == 1) {   /* dbeta: the quad's columns, one writer per row */
+        db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
+        db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
+        db1 += __shfl_xor_sync(0xffffffffu, db1, 1);
+        db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
+        if (tq == 0) {
+            if (t0 < c) dbt[t0] += db0;
+            if (t1 < c) dbt[t1] += db1;
+        }
+    }
+}
+
+/* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without */
+template <bool SPLIT, int KH, bool WG>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     using L = Lay<KH>;
     constexpr int LK = L::LK, NR = KH / 64;
@@ -320,11 +577,16 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
 
     /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight
      * together), and the first panel's rows */
-    const bool fetch = panel_fetch_ok(p), qstage = q_stage_ok(p);
+    const bool fetch = !WG && panel_fetch_ok(p), qstage = q_stage_ok(p);
     PanelFetch<SPLIT, KH> pf;
     QFetch<SPLIT, KH> qf;
     uint16_t *stage = reinterpret_cast<uint16_t *>(sm + L::Qstage);
-    {
+    if (WG) {   /* the k rows, Tm and P come in vside_wg, and again for the K side after it */
+        RecTok r;
+        r.issue(rec);
+        if (qstage) qf.issue(p, row0, c, h, stage);   /* in flight through the whole V walk */
+        r.commit(gcd, gam, bet);
+    } else {
         Mat64 mt, mp;
         RecTok r;
         mt.issue(rec + R_TM);
@@ -344,7 +606,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     }
     if (tid < CC) { dgc[tid] = 0.f; dbt[tid] = 0.f; }
     __syncthreads();
-    round_tile<SPLIT>(Kc, CC * LK);
+    if (!WG) round_tile<SPLIT>(Kc, CC * LK);
     if (tid < CC) ek[tid] = tid < c ? Ef(gcd, c - 1, tid) : 0.f;   /* exp(gc_last - gc_t) */
     BP(0);
 
@@ -353,6 +615,21 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     const bool cc_live = cc0 <= wr + 15;   /* the warp's c x c tile reaches the lower triangle */
     float tot = 0.f;                       /* sum of S0 * dS */
 
+    if constexpr (WG) {
+        static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
+        char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
+        vside_wg(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot);
+        BP(1);
+        __syncthreads();   /* the operands are free: the K side's k rows, Tm and P^T in their places */
+        Mat64 mt, mp;
+        mt.issue(rec + R_TM);
+        mp.issue(rec + R_P);
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
+        commit_mat<SPLIT>(mt, Tm, false);
+        commit_mat<SPLIT>(mp, PT, true);
+        __syncthreads();
+        round_tile<SPLIT>(Kc, CC * LK);
+    } else {
     /* ---- the V walk ---- */
     for (int v0 = 0, pn = 0; v0 < V; v0 += VP, pn ^= 1) {
         float *S0p = S0b(pn), *dSp = dSb(pn);
@@ -423,6 +700,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
             dbt[tid] += d;
         }
         BP(5);
+    }
     }
     tot = gdn::block_sum(tot, red);
     __syncthreads();   /* the panel arrays are free: the K side's arrays take their place */
@@ -554,13 +832,18 @@ Scr local_scr(int K) {
 }
 
 template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K) {
-    if (k8(K) <= 64) return smem_attr(local_kernel<SPLIT, 64>, local_smem<64>());
-    return smem_attr(local_kernel<SPLIT, 128>, local_smem<128>());
+    if (k8(K) <= 64) return smem_attr(local_kernel<SPLIT, 64, false>, local_smem<64>());
+    const cudaError_t e = smem_attr(local_kernel<SPLIT, 128, false>, local_smem<128>());
+    if constexpr (SPLIT) return e;
+    else return e != cudaSuccess ? e : smem_attr(local_kernel<SPLIT, 128, true>, local_smem<128>());
 }
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
-    if (k8(p.K) <= 64) local_kernel<SPLIT, 64><<<items, NT, local_smem<64>(), st>>>(p, G);
-    else local_kernel<SPLIT, 128><<<items, NT, local_smem<128>(), st>>>(p, G);
+    const auto al = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
+    if (k8(p.K) <= 64) local_kernel<SPLIT, 64, false><<<items, NT, local_smem<64>(), st>>>(p, G);
+    else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al(p.k) && al(p.v) && al(p.dout) && al(p.dv))
+        local_kernel<SPLIT, 128, !SPLIT><<<items, NT, local_smem<128>(), st>>>(p, G);   /* vside_wg_ok */
+    else local_kernel<SPLIT, 128, false><<<items, NT, local_smem<128>(), st>>>(p, G);
 }
 template struct LocalPass<true>;
 template struct LocalPass<false>;

@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
     float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+    BP_DECL;
     load_qk(p, p.q, nullptr, row0, c, h, Qs, lk);
     load_qk(p, p.k, nullptr, row0, c, h, Ks, lk);
     if (tid < CC) {   /* the rows' rstd (1 without the L2 norm) */
@@ -85,6 +86,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         rec[R_BETA + tid] = bs[tid];
         rec[R_G + tid] = gs[tid];
     }
+    BP(0);
     /* A (strictly lower) into As, P into the record */
     gdn::block_mm_s<SPLIT, false, false, EX, EX>(
         CC, CC, K, Ks, lk, Ks, lk,
@@ -97,6 +99,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         },
         gdn::full_k{});
     __syncthreads();
+    BP(1);
     /* Tm = (I + A)^-1 by 16 x 16 blocks (a row-by-row substitution over all 64
      * rows waits on a barrier per row): the diagonal blocks T_bb by
      * substitution, all four at once; then T_ab = -T_aa sum_{b<=e<a} A_ae T_eb
@@ -115,6 +118,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
             }
             __syncthreads();
         }
+        BP(2);
         float *M = Qs;   /* [3][16][16] */
         for (int d = 1; d < 4; d++) {
             const int nb = 4 - d;   /* blocks (a, b) = (b + d, b), b < nb */
@@ -135,7 +139,10 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
             __syncthreads();
         }
     }
+    BP(3);
     for (int e = tid; e < CC * CC; e += NT) rec[R_TM + e] = Ts[(e / CC) * RS + e % CC];
+    BP(4);
+    BP_PRINT(slot == 0 && j == 0, "prep item: loads, gate | A, P | diagonal blocks | levels | Tm store", 5, 1);
 }
 
 int prep_smem(int K) { return (2 * CC * ld4(k8(K)) + 2 * CC * RS + 2 * CC + 4 * CC) * (int)sizeof(float); }
