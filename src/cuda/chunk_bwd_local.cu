@@ -307,6 +307,11 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
  * 64-element-wide block of 128-byte rows in the 128-byte swizzle; the sums
  * over V read them K-major, the sums over K and c MN-major (transposed). */
 using WM = cfwd::mma_traits<__nv_bfloat16>;
+using cfwd::stsm4;
+using cfwd::swz;
+using cfwd::vdesc;
+using cfwd::wss32;
+using cfwd::wss64;
 constexpr int WVP = 64;   /* panel columns */
 struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int Kr = 0;                   /* k raw: [cols 0-63][cols 64-127], 64 rows each */
@@ -319,16 +324,6 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int sc = 163840;               /* xs = beta exp(gc) rk, us = ek rk */
     static constexpr int bytes = sc + 2 * CC * 4;
 };
-/* byte offset of element e of row r in such a block */
-__device__ __forceinline__ int swz(int r, int e) { return r * 128 + ((((e >> 3) ^ r) & 7) << 4) + (e & 7) * 2; }
-__device__ __forceinline__ uint64_t vdesc(const char *p) { return cfwd::desc_sw128(p, 16); }
-/* wgmma with A and B from shared memory; TA, TB: operand MN-major (transposed) */
-template <int TA, int TB> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
-template <int TA, int TB> __device__ __forceinline__ void wss32(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
 __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
     const int lane = threadIdx.x & 31, wl = (threadIdx.x >> 5) & 3, m = lane >> 3;
@@ -343,8 +338,8 @@ __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
             h[q] = WM::pack(x[b], x[b + 1]);
             l[q] = WM::pack(x[b] - WM::lo(h[q]), x[b + 1] - WM::hi(h[q]));
         }
-        cfwd::stsm4(hi + at, h[0], h[1], h[2], h[3]);
-        cfwd::stsm4(lo + at, l[0], l[1], l[2], l[3]);
+        stsm4(hi + at, h[0], h[1], h[2], h[3]);
+        stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
 /* four fp32 values as hi, lo bf16 halves (8 bytes each) */

@@ -2,6 +2,7 @@
  * length) and prep (per (slot, value head) the gate cumsum, beta, g, Tm and P
  * into the record the later passes read); their launchers. */
 #include "cuda/chunk_bwd.cuh"
+#include "cuda/chunk_fwd.cuh"
 
 namespace gdn {
 namespace cbwd {
@@ -36,8 +37,11 @@ __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
  * Tm by forward substitution, P_ts = (scale q_t.k_s) E_ts. q and k come in
  * raw, their rstd scale the products' rows and columns: with bf16 / f16
  * inputs (EX) both operands are exact in tf32, so KK^T and QK^T are one
- * product each, exact to fp32 accumulation; f32 inputs take 3xTF32 ---- */
-template <bool SPLIT, bool EX>
+ * product each, exact to fp32 accumulation; f32 inputs take 3xTF32. WG
+ * (bf16, K = 128, 16-byte rows): q and k stay bf16 (the 128-byte swizzle,
+ * by cp.async) and the two products are one wgmma batch of each warpgroup,
+ * exact to fp32 accumulation as well ---- */
+template <bool SPLIT, bool EX, bool WG>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     const int64_t slot = blockIdx.x;
@@ -50,8 +54,20 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
     float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
     BP_DECL;
-    load_qk(p, p.q, nullptr, row0, c, h, Qs, lk);
-    load_qk(p, p.k, nullptr, row0, c, h, Ks, lk);
+    /* WG: k, q rows raw at kq (k: [cols 0-63][cols 64-127] of 64 rows, then q), in Qs and Ks's place */
+    char *kq = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
+    if (WG) {
+        for (int e = tid; e < 2 * CC * 16; e += NT) {
+            const int m = e >> 10, r = (e >> 4) & 63, c16 = e & 15;
+            const bool in = r < c;
+            const __nv_bfloat16 *src = static_cast<const __nv_bfloat16 *>(m ? p.q : p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)128 + c16 * 8;
+            gdn::cp16(kq + m * 16384 + (c16 >> 3) * 8192 + cfwd::swz(r, (c16 & 7) * 8), src, in);
+        }
+        gdn::cp_commit();
+    } else {
+        load_qk(p, p.q, nullptr, row0, c, h, Qs, lk);
+        load_qk(p, p.k, nullptr, row0, c, h, Ks, lk);
+    }
     if (tid < CC) {   /* the rows' rstd (1 without the L2 norm) */
         const bool l2 = (p.flags & GDN_QK_L2NORM) && tid < c;
         rq[tid] = l2 ? p.rstd_q[(row0 + tid) * p.H + h] : 1.f;
@@ -88,16 +104,40 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     }
     BP(0);
     /* A (strictly lower) into As, P into the record */
-    gdn::block_mm_s<SPLIT, false, false, EX, EX>(
-        CC, CC, K, Ks, lk, Ks, lk,
-        [&](int t, int s, float kk) { As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * ((rk[t] * rk[s]) * kk) : 0.f; },
-        gdn::full_k{});
-    gdn::block_mm_s<SPLIT, false, false, EX, EX>(
-        CC, CC, K, Qs, lk, Ks, lk,
-        [&](int t, int s, float qk) {
-            rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * qk)) * Ef(gcd, t, s) : 0.f;
-        },
-        gdn::full_k{});
+    if (WG) {   /* warpgroup 0: K K^T, warpgroup 1: Q K^T */
+        gdn::cp_wait_all();
+        cfwd::fence_async_smem();
+        __syncthreads();
+        const int lane = tid & 31, cg = tid >> 7, wl = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
+        float x[32];
+        cfwd::wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const int off = (kk >> 2) * 8192 + (kk & 3) * 32;
+            cfwd::wss64<0, 0>(x, cfwd::vdesc(kq + cg * 16384 + off), cfwd::vdesc(kq + off), kk);
+        }
+        cfwd::wg_commit();
+        cfwd::wg_wait<0>();
+#pragma unroll
+        for (int a = 0; a < 8; a++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int t = 16 * wl + g + 8 * (e >> 1), s = 8 * a + 2 * tq + (e & 1);
+                if (cg == 0) As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * ((rk[t] * rk[s]) * x[4 * a + e]) : 0.f;
+                else rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * x[4 * a + e])) * Ef(gcd, t, s) : 0.f;
+            }
+    } else {
+        gdn::block_mm_s<SPLIT, false, false, EX, EX>(
+            CC, CC, K, Ks, lk, Ks, lk,
+            [&](int t, int s, float kk) { As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * ((rk[t] * rk[s]) * kk) : 0.f; },
+            gdn::full_k{});
+        gdn::block_mm_s<SPLIT, false, false, EX, EX>(
+            CC, CC, K, Qs, lk, Ks, lk,
+            [&](int t, int s, float qk) {
+                rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * qk)) * Ef(gcd, t, s) : 0.f;
+            },
+            gdn::full_k{});
+    }
     __syncthreads();
     BP(1);
     /* Tm = (I + A)^-1 by 16 x 16 blocks (a row-by-row substitution over all 64
@@ -153,13 +193,16 @@ void slot_info_launch(const BwdArgs &p, cudaStream_t st) {
     slot_info_kernel<<<(unsigned)((p.nslots + NT - 1) / NT), NT, 0, st>>>(p);
 }
 template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) {
-    const cudaError_t e = smem_attr(prep_kernel<SPLIT, false>, prep_smem(K));
-    return e != cudaSuccess ? e : smem_attr(prep_kernel<SPLIT, true>, prep_smem(K));
+    cudaError_t e = smem_attr(prep_kernel<SPLIT, false, false>, prep_smem(K));
+    if (e == cudaSuccess) e = smem_attr(prep_kernel<SPLIT, true, false>, prep_smem(K));
+    return e != cudaSuccess || K != 128 ? e : smem_attr(prep_kernel<SPLIT, true, true>, prep_smem(K));
 }
 template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
     const dim3 grid((unsigned)p.nslots, (unsigned)p.HV);
-    if (p.dt != 0) prep_kernel<SPLIT, true><<<grid, NT, prep_smem(p.K), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
-    else prep_kernel<SPLIT, false><<<grid, NT, prep_smem(p.K), st>>>(p);
+    const auto al = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
+    if (p.dt == 1 && p.K == 128 && al(p.q) && al(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K), st>>>(p);
+    else if (p.dt != 0) prep_kernel<SPLIT, true, false><<<grid, NT, prep_smem(p.K), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
+    else prep_kernel<SPLIT, false, false><<<grid, NT, prep_smem(p.K), st>>>(p);
 }
 template struct PrepPass<true>;
 

@@ -187,6 +187,17 @@ template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4],
             lo[e] = M::pack(v[8 * kk + 2 * e] - M::lo(hi[e]), v[8 * kk + 2 * e + 1] - M::hi(hi[e]));
 }
 
+/* byte offset of element e of row r in a 64-element-wide block of 128-byte
+ * bf16 / f16 rows in the 128-byte swizzle (1024-byte aligned); its descriptor */
+__device__ __forceinline__ int swz(int r, int e) { return r * 128 + ((((e >> 3) ^ r) & 7) << 4) + (e & 7) * 2; }
+__device__ __forceinline__ uint64_t vdesc(const char *p) { return desc_sw128(p, 16); }
+/* wgmma with A and B from shared memory; TA, TB: operand MN-major (transposed) */
+template <int TA, int TB> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+template <int TA, int TB> __device__ __forceinline__ void wss32(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ uint32_t tf32(float x) {
     uint32_t r;
