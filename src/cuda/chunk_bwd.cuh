@@ -297,22 +297,33 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
     const int t = threadIdx.x, HV = p.HV;
     if (p.g) {
         /* dg_t = sum_{t'>=t} dgc_t' + sum_{t'>=t} sum_{s<t} Rg_t's, in double:
-         * pre[t'][t] = sum_{s<t} Rg_t's by rows, then the sums over t' by columns */
-        if (t < c) {
-            double a = 0;
-            for (int u = 0; u < c; u++) {
-                pre[t][u] = a;
-                a += Rg[t * ldr + u];
+         * pre[t'][t] = sum_{s<t} Rg_t's by a scan along each row (a warp a
+         * row, two columns a lane), then each column's sum over t' >= t by
+         * four threads (every fourth t') and the quad; fixed orders */
+        const int lane = t & 31;
+        for (int tp = t >> 5; tp < c; tp += NT / 32) {
+            const double a0 = 2 * lane < c ? (double)Rg[tp * ldr + 2 * lane] : 0.0,
+                         a1 = 2 * lane + 1 < c ? (double)Rg[tp * ldr + 2 * lane + 1] : 0.0;
+            double incl = a0 + a1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const double y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
             }
+            double ex = __shfl_up_sync(0xffffffffu, incl, 1);
+            if (lane == 0) ex = 0.0;
+            pre[tp][2 * lane] = ex;
+            pre[tp][2 * lane + 1] = ex + a0;
         }
         __syncthreads();
-        if (t < c) {
-            double acc = 0, colsum = 0;
-            for (int tp = c - 1; tp >= t; tp--) {
-                colsum += pre[tp][t];
-                acc += dgc[tp];
-            }
-            row[t] = (float)(acc + colsum);
+        {
+            const int col = t >> 2, q = t & 3;
+            double acc = 0;
+            if (col < c)
+                for (int tp = col + q; tp < c; tp += 4) acc += (double)dgc[tp] + pre[tp][col];
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            if (q == 0 && col < c) row[col] = (float)acc;
         }
         __syncthreads();
         if (p.flags & GDN_GATE_FUSED) {

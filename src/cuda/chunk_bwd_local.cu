@@ -321,8 +321,8 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int Vr = 114688, Or = 122880;  /* v, dO raw: the panel's columns, rows t */
     static constexpr int Xh = 131072, Xl = 139264;  /* X, then U */
     static constexpr int dUh = 147456, dUl = 155648;
-    static constexpr int sc = 163840;               /* xs = beta exp(gc) rk, us = ek rk */
-    static constexpr int bytes = sc + 2 * CC * 4;
+    static constexpr int sc = 163840;               /* xs = beta exp(gc) rk, us = ek rk, rk */
+    static constexpr int bytes = sc + 3 * CC * 4;
 };
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
 __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
@@ -360,7 +360,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                                          AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot) {
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
     const int g = lane >> 2, tq = lane & 3, V = p.V;
-    float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC;
+    float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC, *rks = us + CC;
     /* k rows raw by cp.async (rows past c zero), Tm and P as hi + lo, the row scales */
     for (int e = tid; e < CC * 16; e += NT) {
         const int r = e >> 4, c16 = e & 15;
@@ -384,6 +384,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         const float rk = tid < c ? ((p.flags & GDN_QK_L2NORM) ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f) : 0.f;
         xs[tid] = bet[tid] * gam[tid] * rk;
         us[tid] = ek[tid] * rk;
+        rks[tid] = rk;
     }
     float db0 = 0.f, db1 = 0.f;   /* warpgroup 1: dBv . v of rows 16 wl + g, + 8 */
     const int t0 = 16 * wl + g, t1 = t0 + 8;
@@ -615,15 +616,46 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
         vside_wg(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot);
         BP(1);
-        __syncthreads();   /* the operands are free: the K side's k rows, Tm and P^T in their places */
-        Mat64 mt, mp;
-        mt.issue(rec + R_TM);
-        mp.issue(rec + R_P);
-        load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
-        commit_mat<SPLIT>(mt, Tm, false);
-        commit_mat<SPLIT>(mp, PT, true);
+        /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
+         * still in shared memory (hi + lo: the K side rounds to tf32), read
+         * whole before any is written over */
         __syncthreads();
-        round_tile<SPLIT>(Kc, CC * LK);
+        const float *rks = reinterpret_cast<const float *>(vb + VS::sc) + 2 * CC;
+        float tv[CC * CC / NT], pv[CC * CC / NT], kv[CC * 128 / NT];
+#pragma unroll
+        for (int u = 0; u < CC * CC / 4 / NT; u++) {
+            const int e = 4 * (tid + u * NT), r = e >> 6, c0 = e & 63, at = cfwd::swz(r, c0);
+            const uint2 th = *reinterpret_cast<const uint2 *>(vb + VS::Th + at), tl = *reinterpret_cast<const uint2 *>(vb + VS::Tl + at);
+            const uint2 ph = *reinterpret_cast<const uint2 *>(vb + VS::Ph + at), pl = *reinterpret_cast<const uint2 *>(vb + VS::Pl + at);
+            tv[4 * u] = WM::lo(th.x) + WM::lo(tl.x); tv[4 * u + 1] = WM::hi(th.x) + WM::hi(tl.x);
+            tv[4 * u + 2] = WM::lo(th.y) + WM::lo(tl.y); tv[4 * u + 3] = WM::hi(th.y) + WM::hi(tl.y);
+            pv[4 * u] = WM::lo(ph.x) + WM::lo(pl.x); pv[4 * u + 1] = WM::hi(ph.x) + WM::hi(pl.x);
+            pv[4 * u + 2] = WM::lo(ph.y) + WM::lo(pl.y); pv[4 * u + 3] = WM::hi(ph.y) + WM::hi(pl.y);
+        }
+#pragma unroll
+        for (int u = 0; u < CC * 128 / 4 / NT; u++) {
+            const int e = tid + u * NT, r = e >> 5, col = 4 * (e & 31);
+            const uint2 k4 = *reinterpret_cast<const uint2 *>(vb + VS::Kr + (col >> 6) * 8192 + cfwd::swz(r, col & 63));
+            const float rk = rks[r];
+            kv[4 * u] = WM::lo(k4.x) * rk; kv[4 * u + 1] = WM::hi(k4.x) * rk;
+            kv[4 * u + 2] = WM::lo(k4.y) * rk; kv[4 * u + 3] = WM::hi(k4.y) * rk;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < CC * CC / 4 / NT; u++) {
+            const int e = 4 * (tid + u * NT), r = e >> 6, c0 = e & 63;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                Tm[r * R4 + c0 + q] = gdn::tf32r_if<SPLIT>(tv[4 * u + q]);
+                PT[(c0 + q) * R4 + r] = gdn::tf32r_if<SPLIT>(pv[4 * u + q]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < CC * 128 / 4 / NT; u++) {
+            const int e = tid + u * NT, r = e >> 5, col = 4 * (e & 31);
+            *reinterpret_cast<float4 *>(Kc + r * LK + col) = make_float4(gdn::tf32r_if<SPLIT>(kv[4 * u]), gdn::tf32r_if<SPLIT>(kv[4 * u + 1]),
+                                                                         gdn::tf32r_if<SPLIT>(kv[4 * u + 2]), gdn::tf32r_if<SPLIT>(kv[4 * u + 3]));
+        }
     } else {
     /* ---- the V walk ---- */
     for (int v0 = 0, pn = 0; v0 < V; v0 += VP, pn ^= 1) {
@@ -710,7 +742,9 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     }
     BP(14);
     store_ck<NR>(aWk, wr, kc0, KH, [&](int t, int i, float x) { dWk[t * LK + i] = gdn::tf32r_if<SPLIT>(-x); });
+    BP(17);
     gdn::warp_store(aTm, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dTm[t * R4 + u] = x * bet[u]; });
+    BP(18);
     /* dP -> the pair terms Rg = dP * P and dP~ = scale E dP (lower), scale dP (diagonal) */
     gdn::warp_store(aP, wr, cc0, 4, CC, CC, [&](int t, int u, float x) {
         Rg[t * R4 + u] = u < t && t < c ? x * PT[u * R4 + t] : 0.f;
@@ -810,7 +844,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     BP(13);
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0,
              "local item: start | panels: loads, X dU, U, sums dBv, dv | K: head, dP, dBk tmp, dA KK, pairs, dKc store, gate | "
-             "head: load Q, stores, round", 17, 1);
+             "head: load Q, stores, round | stores: dWk, dTm", 19, 1);
 }
 
 template <int KH> constexpr int local_smem() { return Lay<KH>::floats * (int)sizeof(float); }
