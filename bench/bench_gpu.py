@@ -62,6 +62,7 @@ through $GDN_LIB or ./build-gpu/libgdn.so (gdn.capi).
 import argparse
 import importlib.util
 import json
+import os
 import sys
 
 import torch
@@ -131,7 +132,8 @@ def main():
     qla = importlib.util.find_spec("flash_qla") is not None
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "fla": getattr(fla, "__version__", "?"),
-            "fla_chunk_backend": "flash_qla (TileLang) where it accepts the call, else triton" if qla else "triton",
+            "fla_chunk_backend": "triton" if os.environ.get("FLA_FLASH_QLA") == "0" or not qla
+                                 else "flash_qla (TileLang) where it accepts the call, else triton",
             "flash_qla": getattr(QLA, "__version__", "?") if QLA is not None else None,
             "gdn_lib": gdn.lib._name, "copy_GBps": copy * 1e-9, "mm_bf16_TFLOPs": mm * 1e-12, "notes": NOTES}
     out = [r.as_dict(copy, mm) for r in rows]

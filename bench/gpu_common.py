@@ -3,6 +3,7 @@ the FLOP and byte models, timing and the card's limits, the Row class and
 the table printer."""
 import importlib
 import inspect
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -10,7 +11,10 @@ import torch
 
 from gdn import capi as gdn
 
-import fla.ops.gated_delta_rule.chunk as _fla_chunk_module
+# FLA dispatches its chunk op to FlashQLA when that is installed (its backend
+# registry); the FLA side stays FLA's own Triton kernels, FlashQLA has its own
+os.environ.setdefault("FLA_FLASH_QLA", "0")
+import fla.ops.gated_delta_rule.chunk as _fla_chunk_module  # noqa: E402
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 

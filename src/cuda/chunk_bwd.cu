@@ -5,12 +5,15 @@
  * chunk-local stage) and chunk_bwd_grp.cu (the group stage, grp_qk, dparam);
  * what they share in chunk_bwd.cuh.
  *
- * The CUDA chunked backward (gdn_chunk_bwd), version 3: the math and the
+ * The CUDA chunked backward (gdn_chunk_bwd), version 4: the math and the
  * arithmetic choices of the CPU backward (src/cpu/chunk_bwd.c,
  * src/cpu/chunk.h), every product on the tensor cores (src/cuda/mma_tf32.cuh)
  * as 3xTF32 (fp32 accuracy), except the chunk-local stage's for bf16 / f16
  * inputs from K = 16, which take one tf32 product (their gradients are
- * stored in 16 bits); the rest fp32 / double as the CPU.
+ * stored in 16 bits), and bf16 with K = 128, whose reverse sweep, local
+ * walk over V and prep products are bf16 wgmma with every inexact operand
+ * split into hi + lo halves (~16 bits kept; q, k, v, dO exact); the rest
+ * fp32 / double as the CPU.
  * Chunks are addressed by a slot: chunk i of sequence n (bos, len) is slot
  * floor(bos / 64) + n + i, injective and < B*T/64 + N + 1 (the forward's
  * record count), so per-chunk arrays need no host-side index.
@@ -26,10 +29,14 @@
  *   bwd_sweep   per (n, j, 64 columns of V), chunks in reverse: dS leaving
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
  *               Both sweeps fetch the next chunk into registers while the
- *               current one computes (bf16 / f16, K <= 128, aligned).
+ *               current one computes (bf16 / f16, K <= 128, aligned). For
+ *               bf16 with K = 128 and V in 128-column blocks the reverse
+ *               sweep is chunk_bwd_sweep_t.cu instead: dS^T in registers as
+ *               the wgmma A operand, hi + lo bf16 operands.
  *   local stage K <= 128: one block per (slot, j) runs chunk_backward of
  *               chunk_bwd.c with its tiles in shared memory and its sums
- *               over V in registers (chunk_bwd_local.cu); dq, dk summed
+ *               over V in registers (chunk_bwd_local.cu; for bf16 with
+ *               K = 128 its walk over V on wgmma, vside_wg); dq, dk summed
  *               over the G value heads in order, the l2norm chain, stored
  *               (grp_qk_kernel). Slots in groups (all HV heads of a slot
  *               in one group) over a scratch of dQc, dKc per item.
