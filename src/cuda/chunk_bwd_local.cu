@@ -342,6 +342,21 @@ __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
         stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
+/* x = Tm B (TT = 0) or Tm^T B (TT = 1) for a 64 x 64 block B at bh, bl (hi,
+ * lo; MN-major: rows are k): hi hi + hi lo + lo hi over four k16 steps */
+template <int TT> __device__ __forceinline__ void tm_times(float *x, const char *vb, int bh, int bl) {
+    constexpr int as = TT ? 2048 : 32;   /* Tm's k step: rows (transposed) or 32 bytes along its rows */
+    cfwd::wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const uint64_t th = vdesc(vb + VS::Th + kk * as), b = vdesc(vb + bh + kk * 2048);
+        wss64<TT, 1>(x, th, b, kk);
+        wss64<TT, 1>(x, th, vdesc(vb + bl + kk * 2048), 1);
+        wss64<TT, 1>(x, vdesc(vb + VS::Tl + kk * as), b, 1);
+    }
+    cfwd::wg_commit();
+    cfwd::wg_wait<0>();
+}
 /* four fp32 values as hi, lo bf16 halves (8 bytes each) */
 __device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
     const uint32_t h0 = WM::pack(v.x, v.y), h1 = WM::pack(v.z, v.w);
@@ -465,28 +480,10 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         cfwd::fence_async_smem();
         __syncthreads();
         if (cg == 0) {   /* U = Tm X, into X's place (only this warpgroup reads X) */
-            cfwd::wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const uint64_t th = vdesc(vb + VS::Th + kk * 32), xh = vdesc(vb + VS::Xh + kk * 2048);
-                wss64<0, 1>(x, th, xh, kk);
-                wss64<0, 1>(x, th, vdesc(vb + VS::Xl + kk * 2048), 1);
-                wss64<0, 1>(x, vdesc(vb + VS::Tl + kk * 32), xh, 1);
-            }
-            cfwd::wg_commit();
-            cfwd::wg_wait<0>();
+            tm_times<0>(x, vb, VS::Xh, VS::Xl);
             store_hilo(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dBv = Tm^T dU: dv = beta dBv; dbeta += dBv . v */
-            cfwd::wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const uint64_t th = vdesc(vb + VS::Th + kk * 2048), uh = vdesc(vb + VS::dUh + kk * 2048);
-                wss64<1, 1>(x, th, uh, kk);
-                wss64<1, 1>(x, th, vdesc(vb + VS::dUl + kk * 2048), 1);
-                wss64<1, 1>(x, vdesc(vb + VS::Tl + kk * 2048), uh, 1);
-            }
-            cfwd::wg_commit();
-            cfwd::wg_wait<0>();
+            tm_times<1>(x, vb, VS::dUh, VS::dUl);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
