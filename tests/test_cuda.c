@@ -525,7 +525,8 @@ static void test_cuda_chunk_bwd(rng *r) {
             bwd_case(&tc, rng_u64(r));
         }
     /* head dims */
-    const int kv[][2] = {{16, 16}, {40, 72}, {64, 64}, {72, 40}, {128, 128}, {256, 256}, {256, 16}, {16, 256}, {1, 1}, {33, 17}};
+    const int kv[][2] = {{16, 16}, {40, 72}, {64, 64}, {72, 40}, {128, 128}, {256, 256}, {256, 16}, {16, 256}, {1, 1}, {33, 17},
+                         {128, 256}};
     for (size_t si = 0; si < sizeof kv / sizeof *kv; si++)
         for (int di = 0; di < 3; di++) {
             if (g_quick && (si + di) % 3) continue;
@@ -542,6 +543,13 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .flags = fsets[fi], .gmode = fi % 3, .h0 = fi % 2, .dht = 1, .dh0 = 1, .dtb = 1, .graph = fi == 5 && di == 2};
             bwd_case(&tc, rng_u64(r));
         }
+    /* the same with K = V = 128 in bf16 (the wgmma kernels: prep, the transposed reverse sweep, the walk over V) */
+    for (int fi = 0; fi < 4; fi++) {
+        if (g_quick && fi % 2) continue;
+        bcase tc = {.H = 1, .HV = 2 + 2 * (fi & 1), .K = 128, .V = 128, .lens = lens, .nseq = 8, .dt = GDN_BF16, .gdt = GDN_F32,
+                    .flags = fsets[2 * fi + 1], .gmode = fi % 3, .h0 = fi != 2, .dht = 1, .dh0 = 1, .dtb = 1};
+        bwd_case(&tc, rng_u64(r));
+    }
     /* sequences split into segments that both sweeps walk at once (bf16 / f16; f32 walks whole sequences):
      * forced counts, one long sequence and varlen with empty, short and long ones, and the automatic
      * split of a long sequence with few heads */
