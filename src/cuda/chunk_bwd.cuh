@@ -101,6 +101,8 @@ __device__ __forceinline__ void batched(int n, const FG &get, const FP &put) {
  * together (a loop over rows waits out the latency once per row) and can be
  * issued a whole chunk ahead (the sweeps). rows16_ok says whether x, its row
  * stride and the columns are 16-byte aligned, as this needs. */
+/* a 16-byte aligned pointer (the host-side choice of the wgmma kernels, whose rows come by cp.async) */
+__host__ __device__ __forceinline__ bool al16(const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
 __device__ __forceinline__ bool rows16_ok(const void *x, int dt, int64_t ncols, int col0, int n) {
     const int es = dt == 0 ? 4 : 2;
     return !((((int64_t)ncols * es) & 15) || ((col0 * es) & 15) || ((n * es) & 15) || (reinterpret_cast<uintptr_t>(x) & 15));

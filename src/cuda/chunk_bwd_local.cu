@@ -342,6 +342,19 @@ __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
         stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
+/* x = K B for a panel B (128 rows of k, 64 columns) at bh, bl (hi, lo;
+ * MN-major), K raw: eight k16 steps, hi and lo each */
+__device__ __forceinline__ void k_times(float *x, const char *vb, int bh, int bl) {
+    cfwd::wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
+        wss64<0, 1>(x, da, vdesc(vb + bh + kk * 2048), kk);
+        wss64<0, 1>(x, da, vdesc(vb + bl + kk * 2048), 1);
+    }
+    cfwd::wg_commit();
+    cfwd::wg_wait<0>();
+}
 /* x = Tm B (TT = 0) or Tm^T B (TT = 1) for a 64 x 64 block B at bh, bl (hi,
  * lo; MN-major: rows are k): hi hi + hi lo + lo hi over four k16 steps */
 template <int TT> __device__ __forceinline__ void tm_times(float *x, const char *vb, int bh, int bl) {
@@ -434,15 +447,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         __syncthreads();
         float x[32];
         if (cg == 0) {   /* X = beta v - xs K S0 */
-            cfwd::wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
-                wss64<0, 1>(x, da, vdesc(vb + VS::S0h + kk * 2048), kk);
-                wss64<0, 1>(x, da, vdesc(vb + VS::S0l + kk * 2048), 1);
-            }
-            cfwd::wg_commit();
-            cfwd::wg_wait<0>();
+            k_times(x, vb, VS::S0h, VS::S0l);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -454,15 +459,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                 }
             store_hilo(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
-            cfwd::wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
-                wss64<0, 1>(x, da, vdesc(vb + VS::dSh + kk * 2048), kk);
-                wss64<0, 1>(x, da, vdesc(vb + VS::dSl + kk * 2048), 1);
-            }
-            cfwd::wg_commit();
-            cfwd::wg_wait<0>();
+            k_times(x, vb, VS::dSh, VS::dSl);
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
             for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
@@ -865,9 +862,8 @@ template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K) {
 }
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
-    const auto al = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
     if (k8(p.K) <= 64) local_kernel<SPLIT, 64, false><<<items, NT, local_smem<64>(), st>>>(p, G);
-    else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al(p.k) && al(p.v) && al(p.dout) && al(p.dv))
+    else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
         local_kernel<SPLIT, 128, !SPLIT><<<items, NT, local_smem<128>(), st>>>(p, G);   /* vside_wg_ok */
     else local_kernel<SPLIT, 128, false><<<items, NT, local_smem<128>(), st>>>(p, G);
 }

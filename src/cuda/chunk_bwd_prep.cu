@@ -199,8 +199,7 @@ template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) {
 }
 template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
     const dim3 grid((unsigned)p.nslots, (unsigned)p.HV);
-    const auto al = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
-    if (p.dt == 1 && p.K == 128 && al(p.q) && al(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K), st>>>(p);
+    if (p.dt == 1 && p.K == 128 && al16(p.q) && al16(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K), st>>>(p);
     else if (p.dt != 0) prep_kernel<SPLIT, true, false><<<grid, NT, prep_smem(p.K), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
     else prep_kernel<SPLIT, false, false><<<grid, NT, prep_smem(p.K), st>>>(p);
 }

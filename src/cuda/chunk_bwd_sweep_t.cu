@@ -270,8 +270,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 
 /* bf16, K = 128, V in 128-column blocks, q / k / dO rows 16-byte aligned */
 bool SweepT::takes(const BwdArgs &p) {
-    const auto al = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
-    return p.dt == 1 && p.K == 128 && p.V % 128 == 0 && al(p.q) && al(p.k) && al(p.dout);
+    return p.dt == 1 && p.K == 128 && p.V % 128 == 0 && al16(p.q) && al16(p.k) && al16(p.dout);
 }
 cudaError_t SweepT::attr() {
     static bool done = false;
