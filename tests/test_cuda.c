@@ -534,6 +534,14 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .flags = fsets[(si + di) % 8], .gmode = (int)(si % 3), .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
             bwd_case(&tc, rng_u64(r));
         }
+    /* G at the local stage's cluster limit (8) and past it (12, 16: dq, dk through the scratch and grp_qk_kernel) */
+    const int bigG[3] = {8, 12, 16};
+    for (int gi = 0; gi < 3; gi++) {
+        const int w = gi != 1;   /* bf16, K = V = 128: the wgmma kernels */
+        bcase tc = {.B = 1, .T = 150, .H = 1, .HV = bigG[gi], .K = w ? 128 : 40, .V = w ? 128 : 24, .dt = w ? GDN_BF16 : GDN_F32,
+                    .gdt = GDN_F32, .flags = L2 | GF | BS, .gmode = gi, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
+        bwd_case(&tc, rng_u64(r));
+    }
     /* varlen with empty and 1-token sequences */
     const int64_t lens[] = {0, 1, 64, 65, 0, 1, 127, 190};
     for (int fi = 0; fi < 8; fi++)

@@ -37,9 +37,11 @@
  *               chunk_bwd.c with its tiles in shared memory and its sums
  *               over V in registers (chunk_bwd_local.cu; for bf16 with
  *               K = 128 its walk over V on wgmma, vside_wg); dq, dk summed
- *               over the G value heads in order, the l2norm chain, stored
- *               (grp_qk_kernel). Slots in groups (all HV heads of a slot
- *               in one group) over a scratch of dQc, dKc per item.
+ *               over the G value heads in order, the l2norm chain, stored:
+ *               in a thread-block cluster of the G blocks of a (slot, q/k
+ *               head) through distributed shared memory (G <= 8), else over
+ *               a scratch of dQc, dKc per item (grp_qk_kernel). Slots in
+ *               groups (all HV heads of a slot in one group).
  *   group stage K > 128: the same per item step by step over a per-item
  *               scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
@@ -135,7 +137,7 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     l.states = o; o += al(items * kv * sizeof(float));
     l.dstates = o; o += al(items * kv * sizeof(float));
     l.part = o; o += al(2 * items * sizeof(double));
-    const int64_t F = use_local(c->K) ? local_scr(c->K).F : scr_layout(c->K, c->V).F;
+    const int64_t F = use_local(c->K) ? (local_cluster(c->K, pl->G) ? 0 : local_scr(c->K).F) : scr_layout(c->K, c->V).F;
     l.scr = o; o += al((size_t)group_slots(pl) * c->HV * F * sizeof(float));
     l.scu = l.sseq = l.first = l.h0s = l.dhts = l.dsl = l.fws = o;
     if (l.sc) {
@@ -263,14 +265,14 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     for (int64_t s0 = 0; s0 < ns; s0 += gs) {
         const int64_t s1 = s0 + gs < ns ? s0 + gs : ns;
         Grp G;
-        G.s0 = s0; G.scr = reinterpret_cast<float *>(ws + wl.scr); G.o = o;
+        G.s0 = s0; G.scr = reinterpret_cast<float *>(ws + wl.scr); G.o = o; G.cl = local && local_cluster(K, p.G);
         if (local) {
             if (one) LocalPass<false>::launch(p, G, s1 - s0, st);
             else LocalPass<SPLIT>::launch(p, G, s1 - s0, st);
 #ifdef GDN_BWD_PROFILE
             cudaEventRecord(eq[0], st);
 #endif
-            grp_qk_launch(p, G, s1 - s0, st);
+            if (!G.cl) grp_qk_launch(p, G, s1 - s0, st);
 #ifdef GDN_BWD_PROFILE
             cudaEventRecord(eq[1], st);
             cudaEventSynchronize(eq[1]);

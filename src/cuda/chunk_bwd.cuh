@@ -282,6 +282,28 @@ struct RecTok {
     }
 };
 
+/* gate_store's inputs per token, fetched with the record's (thread t < c
+ * holding token t): the fused gate's argument x = a + dt_bias and the
+ * record's g, beta's raw input for its sigmoid, and -exp(A_log); commit puts
+ * them at gt[0..CC) (x), gt[CC..2CC) (g), gt[2CC..3CC) (beta), gt[3CC] (A) */
+struct GateTok {
+    float x = 0.f, gr = 0.f, b = 0.f, A = 0.f;
+    __device__ __forceinline__ void issue(const BwdArgs &p, const float *rec, int64_t row0, int c, int j) {
+        const int t = threadIdx.x;
+        if (t < c && p.g && (p.flags & GDN_GATE_FUSED)) {
+            x = gdn::ld(p.g, (row0 + t) * p.HV + j, p.gdt) + (p.dt_bias ? p.dt_bias[j] : 0.f);
+            gr = rec[R_G + t];
+            if (t == 0) A = p.A_log[j];
+        }
+        if (t < c && (p.flags & GDN_BETA_SIGMOID)) b = gdn::ld(p.beta, (row0 + t) * p.HV + j, p.gdt);
+    }
+    __device__ __forceinline__ void commit(float *gt) const {
+        if (threadIdx.x < CC) { gt[threadIdx.x] = x; gt[CC + threadIdx.x] = gr; gt[2 * CC + threadIdx.x] = b; }
+        if (threadIdx.x == 0) gt[3 * CC] = -expf(A);
+    }
+};
+constexpr int GT_FLOATS = 3 * CC + 4;
+
 __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src) {
     Mat64 m;
     m.issue(src);
@@ -292,8 +314,9 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
  * the pair terms Rg (ldr its row stride), in double, then through the fused
  * gate (dA_log, ddt_bias partials into p.part); the beta sigmoid chain;
  * stores of dg and dbeta. Every thread of the block calls it; row holds CC
- * floats and pre CC x (CC + 1) doubles of shared memory. */
-__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *rec, const float *Rg,
+ * floats and pre CC x (CC + 1) doubles of shared memory; gt the inputs
+ * GateTok fetched (committed before the block's last barrier). */
+__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
                                   int ldr, const float *dgc, const float *dbeta, float *row, double (*pre)[CC + 1]) {
     const int64_t gi = slot * p.HV + j;
     const int t = threadIdx.x, HV = p.HV;
@@ -333,10 +356,9 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
              * fixed tree (shuffles in each of the two warps, then warp 0 + warp 1) */
             double sa = 0, sb = 0;
             if (t < c) {
-                const float A = -expf(p.A_log[j]), bias = p.dt_bias ? p.dt_bias[j] : 0.f;
-                const float x = gdn::ld(p.g, (row0 + t) * HV + j, p.gdt) + bias;
+                const float A = gt[3 * CC], x = gt[t];
                 const float dg = row[t];
-                sa = (double)dg * (double)rec[R_G + t];
+                sa = (double)dg * (double)gt[CC + t];
                 row[t] = dg * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
                 sb = row[t];
             }
@@ -360,7 +382,7 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
         float db = dbeta[t];
         if (p.flags & GDN_BETA_SIGMOID) {
             const float m = (p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
-            const float sg = gdn::sigmoid(gdn::ld(p.beta, (row0 + t) * HV + j, p.gdt));
+            const float sg = gdn::sigmoid(gt[2 * CC + t]);
             db *= m * sg * (1.f - sg);
         }
         gdn::st(p.dbeta, (row0 + t) * HV + j, db, p.gdt);
@@ -380,7 +402,12 @@ struct Grp {
     int64_t s0;      /* first slot of the group */
     float *scr;      /* item 0's scratch */
     Scr o;
+    bool cl;         /* the local stage in clusters of G blocks: dq, dk summed there, no scratch (local_cluster) */
 };
+
+/* the local stage sums dQc, dKc over the G value heads in a thread-block
+ * cluster of G blocks (portable sizes) instead of the scratch and grp_qk_kernel */
+__host__ __device__ inline bool local_cluster(int K, int G) { return k8(K) <= 128 && G <= 8; }
 
 template <typename Kern>
 cudaError_t smem_attr(Kern k, int bytes) {   /* host-side only: capture-safe */

@@ -234,7 +234,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
 template <bool SPLIT>
 __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     extern __shared__ __align__(16) float sm[];   /* mm's tiles; then gate_store's prefix sums */
-    __shared__ float red[32], row[CC];
+    __shared__ float red[32], row[CC], gt[GT_FLOATS];
     double(*pre)[CC + 1] = reinterpret_cast<double(*)[CC + 1]>(sm);
     const Item it = item_of(p, G);
     if (it.c == 0) return;
@@ -247,7 +247,10 @@ __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     const auto W = [&](int64_t off, int ld, int t) { return Mat{w + off, ld, t}; };
     const auto R = [&](int off, int t) { return Mat{rec + off, CC, t}; };
     BP_DECL;
+    GateTok gk;   /* gate_store's inputs, in flight through grp_load */
+    gk.issue(p, rec, it.row0, it.c, it.j);
     grp_load(p, G, it);
+    gk.commit(gt);
     __syncthreads();
     BP(0);
     /* U = Tm (Bv - Bk S0) (gdn_chunk_u) */
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     BP(22);
     mm<SPLIT>(CC, K, CC, 1.f, W(o.dA, CC, 1), W(o.Kc, K, 0), w + o.dKc, K, 1, UPPER_A, sm);
     BP(23);
-    gate_store(p, it.slot, it.j, it.row0, it.c, it.rec, w + o.Rg, CC, w + o.dgc, w + o.dbeta, row, pre);
+    gate_store(p, it.slot, it.j, it.row0, it.c, gt, w + o.Rg, CC, w + o.dgc, w + o.dbeta, row, pre);
     BP(24);
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0, "group item: load | U: Xr, U | dKd, dU, dU | last | dP, Xq | dp | dQc, dKc, dWk, dTm, dTm | mid | dBk, dBv, tmp, dA, KK | beta | dKc, dKc | gate", 25, 1);
 }

@@ -15,15 +15,18 @@
  * After the walk the K side runs on shared tiles (q, k rows, Tm, P, dP, dWk,
  * dTm) with dQc and dKc growing in registers: dQc from Xq, dKc from dKd, then
  * the products of dP~, dBk = Tm^T dWk, dA = -Tm^T dTm Tm^T and KK = K K^T.
- * Only dQc and dKc leave the block (the scratch, for the sum over the G value
- * heads in grp_qk_kernel); dv, dg, dbeta and the dA_log / ddt_bias partials
- * are stored here. Products are 3xTF32 where SPLIT, else one tf32 product on
+ * dQc and dKc meet the other value heads' of the same q/k head in the
+ * block's cluster (G blocks; cluster_qk_store sums them in rank order and
+ * stores dq, dk through the L2 norm chain), or leave through the scratch for
+ * grp_qk_kernel where G > 8; dv, dg, dbeta and the dA_log / ddt_bias
+ * partials are stored here. Products are 3xTF32 where SPLIT, else one tf32 product on
  * operands rounded to tf32 as they are stored; every product is fed from
  * its arrays by pointer (warp_mma_s, mma_tf32.cuh), by ldmatrix where the
  * operand runs along k in memory, so P is kept transposed and X is stored
  * transposed for U = Tm X. Warp w
  * owns rows 16 (w % 4) and half w / 4 of the columns of every c x K and c x c
  * sum; the panel's c x VP products are dealt one 16 x 16 tile per warp. */
+#include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
@@ -47,8 +50,8 @@ template <int KH> struct Lay {
     /* q's raw rows (64 x KH 16-bit values) staged by cp.async during the V walk, past its arrays */
     static constexpr int Qstage = end1, end3 = Qstage + CC * KH / 2;
     static constexpr int end = end2 > end3 ? end2 : end3;
-    /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32] */
-    static constexpr int floats = end + 2 * CC + 6 * CC + 4 * CC + 32;
+    /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32], gt (GateTok's) */
+    static constexpr int floats = end + 2 * CC + 6 * CC + 4 * CC + 32 + GT_FLOATS;
     static_assert(CC * (CC + 1) * 2 <= 2 * CC * LK, "gate_store's prefix sums fit in Q and dWk");
 };
 
@@ -537,6 +540,95 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
     }
 }
 
+/* dq, dk of the cluster's (slot, q/k head h) with the G value heads' dQc, dKc
+ * in their blocks' shared memory (at dQs, dKs of each, row stride ld): block
+ * rank r takes rows [r per, (r + 1) per), sums the G blocks' rows in rank
+ * order from 0 (fp32, as grp_qk_kernel) and stores dx = r (dx^ - x^ (x^.dx^))
+ * (the L2 norm chain; dx^ without it). A warp takes RB rows at a time, PER
+ * columns a lane, all of a round's loads issued before any is used: T, the
+ * input's element type, keeps the q, k loads free of branches. Every block
+ * of the cluster calls it after a cluster barrier that published the
+ * partials. */
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <int KH, typename T>
+__device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, int c, int h, const float *dQs, const float *dKs, int ld) {
+    namespace cg = cooperative_groups;
+    constexpr int PER = KH / 32, RB = 4;
+    const cg::cluster_group cl = cg::this_cluster();
+    const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
+    const int t1 = t0 + per < c ? t0 + per : c, K = p.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i0 = lane * PER;
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    for (int tb = t0 + warp * RB; tb < t1; tb += (NT / 32) * RB) {
+        /* [0]: q, [1]: k */
+        float a[2][RB][PER], xh[2][RB][PER], rs[2][RB];
+#pragma unroll
+        for (int qk = 0; qk < 2; qk++)
+#pragma unroll
+            for (int r = 0; r < RB; r++) {
+                const int64_t row = row0 + tb + r;
+                const bool on = l2 && tb + r < t1;
+                rs[qk][r] = on ? (qk ? p.rstd_k : p.rstd_q)[row * p.H + h] : 1.f;
+                const T *x = static_cast<const T *>(qk ? p.k : p.q) + (row * p.H + h) * K + i0;
+#pragma unroll
+                for (int u = 0; u < PER; u++) xh[qk][r][u] = on && i0 + u < K ? to_f(x[u]) : 0.f;
+#pragma unroll
+                for (int u = 0; u < PER; u++) a[qk][r][u] = 0.f;
+            }
+        /* rows past t1 are read too (within the block's shared memory) and never used: all of a block's loads in flight at once */
+        for (int b = 0; b < nb; b++) {
+            float y[2][RB][PER];
+#pragma unroll
+            for (int qk = 0; qk < 2; qk++) {
+                const float *src = cl.map_shared_rank(qk ? dKs : dQs, b) + tb * ld + i0;
+#pragma unroll
+                for (int r = 0; r < RB; r++) {
+                    if constexpr (PER == 4) {
+                        const float4 v = *reinterpret_cast<const float4 *>(src + r * ld);
+                        y[qk][r][0] = v.x; y[qk][r][1] = v.y; y[qk][r][2] = v.z; y[qk][r][3] = v.w;
+                    } else {
+                        const float2 v = *reinterpret_cast<const float2 *>(src + r * ld);
+                        y[qk][r][0] = v.x; y[qk][r][1] = v.y;
+                    }
+                }
+            }
+#pragma unroll
+            for (int qk = 0; qk < 2; qk++)
+#pragma unroll
+                for (int r = 0; r < RB; r++)
+#pragma unroll
+                    for (int u = 0; u < PER; u++) a[qk][r][u] += y[qk][r][u];
+        }
+#pragma unroll
+        for (int qk = 0; qk < 2; qk++)
+#pragma unroll
+            for (int r = 0; r < RB; r++) {
+                float d = 0.f;
+#pragma unroll
+                for (int u = 0; u < PER; u++) {
+                    xh[qk][r][u] *= rs[qk][r];
+                    d = fmaf(xh[qk][r][u], a[qk][r][u], d);
+                }
+                if (l2) d = gdn::warp_sum(d);
+                if (tb + r >= t1) continue;
+                const int64_t row = row0 + tb + r, at = (row * p.H + h) * K + i0;
+                float o[PER];
+#pragma unroll
+                for (int u = 0; u < PER; u++) o[u] = l2 ? rs[qk][r] * (a[qk][r][u] - xh[qk][r][u] * d) : a[qk][r][u];
+#pragma unroll
+                for (int u = 0; u < PER; u++)
+                    if (i0 + u < K) gdn::st(qk ? p.dk : p.dq, at + u, o[u], p.dt);
+            }
+    }
+}
+template <int KH>
+__device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0, int c, int h, const float *dQs, const float *dKs, int ld) {
+    if (p.dt == 1) cluster_qk_rows<KH, __nv_bfloat16>(p, row0, c, h, dQs, dKs, ld);
+    else if (p.dt == 2) cluster_qk_rows<KH, __half>(p, row0, c, h, dQs, dKs, ld);
+    else cluster_qk_rows<KH, float>(p, row0, c, h, dQs, dKs, ld);
+}
+
 /* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without */
 template <bool SPLIT, int KH, bool WG>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
@@ -560,7 +652,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     float *Qs = sm + L::Q, *dWk = sm + L::dWk, *dP = sm + L::dP, *dTm = sm + L::dTm, *tmp = sm + L::tmp, *Rg = sm + L::Rg;
     double *gcd = reinterpret_cast<double *>(sm + L::end);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *dgc = ek + CC, *dbt = dgc + CC,
-          *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC;
+          *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC, *gt = red + 32;
     const int64_t so = (slot * p.HV + j) * (int64_t)K * V;
     const float *S0 = p.states + so, *dS = p.dstates + so;
     BP_DECL;
@@ -571,23 +663,28 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     PanelFetch<SPLIT, KH> pf;
     QFetch<SPLIT, KH> qf;
     uint16_t *stage = reinterpret_cast<uint16_t *>(sm + L::Qstage);
+    GateTok gk;   /* gate_store's inputs, fetched with the record's */
     if (WG) {   /* the k rows, Tm and P come in vside_wg, and again for the K side after it */
         RecTok r;
         r.issue(rec);
+        gk.issue(p, rec, row0, c, j);
         if (qstage) qf.issue(p, row0, c, h, stage);   /* in flight through the whole V walk */
         r.commit(gcd, gam, bet);
+        gk.commit(gt);
     } else {
         Mat64 mt, mp;
         RecTok r;
         mt.issue(rec + R_TM);
         mp.issue(rec + R_P);
         r.issue(rec);
+        gk.issue(p, rec, row0, c, j);
         if (qstage) qf.issue(p, row0, c, h, stage);   /* in flight through the whole V walk */
         if (fetch) pf.issue(p, S0, dS, row0, c, j, 0, S0b(0), dSb(0));
         load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
         commit_mat<SPLIT>(mt, Tm, false);
         commit_mat<SPLIT>(mp, PT, true);
         r.commit(gcd, gam, bet);
+        gk.commit(gt);
     }
     if (fetch) {   /* rows of v, dO past c and of S0, dS from K on stay zero through the walk */
         for (int e = tid; e < (CC - c) * LP; e += NT) { Vp[c * LP + e] = 0.f; dOp[c * LP + e] = 0.f; }
@@ -828,14 +925,32 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         acc_ck<SPLIT, false, true, NR>(aKd, wr, kc0, 0, wr + 16, dA, R4, Kc, LK);
         acc_ck<SPLIT, true, true, NR>(aKd, wr, kc0, wr, CC, dA, R4, Kc, LK);
     }
-    /* dQc, dKc to the scratch for the sum over the value heads */
-    float *w = G.scr + (int64_t)blockIdx.x * G.o.F;
-    store_rows<NR>(aXq, wr, kc0, K, w + G.o.dQc);
-    store_rows<NR>(aKd, wr, kc0, K, w + G.o.dKc);
-    __syncthreads();   /* Q and dWk's space free for the prefix sums */
-    BP(12);
-    gate_store(p, slot, j, row0, c, rec, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
-    BP(13);
+    /* dQc, dKc summed over the value heads: in the cluster (into Kc, Tm and
+     * P's place, apart from gate_store's arrays), or through the scratch */
+    if (G.cl) {
+        static_assert(2 * CC * LK <= L::A, "dQc and dKc fit before the K side's arrays");
+        float *dQs = sm, *dKs = sm + CC * LK;
+        __syncthreads();   /* Kc, Tm, P no longer read */
+        store_ck<NR>(aXq, wr, kc0, KH, [&](int t, int i, float x) { dQs[t * LK + i] = x; });
+        store_ck<NR>(aKd, wr, kc0, KH, [&](int t, int i, float x) { dKs[t * LK + i] = x; });
+        BP(2);
+        cooperative_groups::this_cluster().sync();   /* every block's partials written and visible */
+        BP(3);
+        cluster_qk_store<KH>(p, row0, c, h, dQs, dKs, LK);
+        BP(4);
+        gate_store(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
+        BP(13);
+        cooperative_groups::this_cluster().sync();   /* no block leaves while another reads its partials */
+        BP(5);
+    } else {
+        float *w = G.scr + (int64_t)blockIdx.x * G.o.F;
+        store_rows<NR>(aXq, wr, kc0, K, w + G.o.dQc);
+        store_rows<NR>(aKd, wr, kc0, K, w + G.o.dKc);
+        __syncthreads();   /* Q and dWk's space free for the prefix sums */
+        BP(12);
+        gate_store(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
+        BP(13);
+    }
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0,
              "local item: start | panels: loads, X dU, U, sums dBv, dv | K: head, dP, dBk tmp, dA KK, pairs, dKc store, gate | "
              "head: load Q, stores, round | stores: dWk, dTm", 19, 1);
@@ -860,12 +975,29 @@ template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K) {
     if constexpr (SPLIT) return e;
     else return e != cudaSuccess ? e : smem_attr(local_kernel<SPLIT, 128, true>, local_smem<128>());
 }
+/* one block per item, in clusters of G blocks where G.cl */
+template <typename Kern> void launch_items(Kern k, const BwdArgs &p, const Grp &G, unsigned items, int smem, cudaStream_t st) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(items);
+    cfg.blockDim = dim3(NT);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = st;
+    if (G.cl) {
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)p.G;
+        at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    cudaLaunchKernelEx(&cfg, k, p, G);
+}
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
-    if (k8(p.K) <= 64) local_kernel<SPLIT, 64, false><<<items, NT, local_smem<64>(), st>>>(p, G);
+    if (k8(p.K) <= 64) launch_items(local_kernel<SPLIT, 64, false>, p, G, items, local_smem<64>(), st);
     else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
-        local_kernel<SPLIT, 128, !SPLIT><<<items, NT, local_smem<128>(), st>>>(p, G);   /* vside_wg_ok */
-    else local_kernel<SPLIT, 128, false><<<items, NT, local_smem<128>(), st>>>(p, G);
+        launch_items(local_kernel<SPLIT, 128, !SPLIT>, p, G, items, local_smem<128>(), st);   /* vside_wg_ok */
+    else launch_items(local_kernel<SPLIT, 128, false>, p, G, items, local_smem<128>(), st);
 }
 template struct LocalPass<true>;
 template struct LocalPass<false>;
