@@ -311,41 +311,45 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
 }
 
 /* the end of chunk_backward (every stage): dg = reverse cumsum of dgc plus
- * the pair terms Rg (ldr its row stride), in double, then through the fused
- * gate (dA_log, ddt_bias partials into p.part); the beta sigmoid chain;
- * stores of dg and dbeta. Every thread of the block calls it; row holds CC
- * floats and pre CC x (CC + 1) doubles of shared memory; gt the inputs
- * GateTok fetched (committed before the block's last barrier). */
+ * the pair terms Rg (ldr its row stride), in S (double as the CPU; float
+ * where the products feeding it are single tf32 ones, whose rounding is
+ * thousands of times fp32's), then through the fused gate (dA_log, ddt_bias partials
+ * into p.part, in double); the beta sigmoid chain; stores of dg and dbeta.
+ * Every thread of the block calls it; row holds CC floats and pre CC x (CC
+ * + 1) doubles of shared memory; gt the inputs GateTok fetched (committed
+ * before the block's last barrier). */
+template <typename S = double>
 __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
-                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre)[CC + 1]) {
+                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1]) {
     const int64_t gi = slot * p.HV + j;
     const int t = threadIdx.x, HV = p.HV;
+    double(*pre)[CC + 1] = pre_mem;
+    S(*ps)[CC + 1] = reinterpret_cast<S(*)[CC + 1]>(pre_mem);
     if (p.g) {
-        /* dg_t = sum_{t'>=t} dgc_t' + sum_{t'>=t} sum_{s<t} Rg_t's, in double:
-         * pre[t'][t] = sum_{s<t} Rg_t's by a scan along each row (a warp a
+        /* dg_t = sum_{t'>=t} dgc_t' + sum_{t'>=t} sum_{s<t} Rg_t's:
+         * ps[t'][t] = sum_{s<t} Rg_t's by a scan along each row (a warp a
          * row, two columns a lane), then each column's sum over t' >= t by
          * four threads (every fourth t') and the quad; fixed orders */
         const int lane = t & 31;
         for (int tp = t >> 5; tp < c; tp += NT / 32) {
-            const double a0 = 2 * lane < c ? (double)Rg[tp * ldr + 2 * lane] : 0.0,
-                         a1 = 2 * lane + 1 < c ? (double)Rg[tp * ldr + 2 * lane + 1] : 0.0;
-            double incl = a0 + a1;
+            const S a0 = 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0), a1 = 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
+            S incl = a0 + a1;
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
-                const double y = __shfl_up_sync(0xffffffffu, incl, o);
+                const S y = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o) incl += y;
             }
-            double ex = __shfl_up_sync(0xffffffffu, incl, 1);
-            if (lane == 0) ex = 0.0;
-            pre[tp][2 * lane] = ex;
-            pre[tp][2 * lane + 1] = ex + a0;
+            S ex = __shfl_up_sync(0xffffffffu, incl, 1);
+            if (lane == 0) ex = S(0);
+            ps[tp][2 * lane] = ex;
+            ps[tp][2 * lane + 1] = ex + a0;
         }
         __syncthreads();
         {
             const int col = t >> 2, q = t & 3;
-            double acc = 0;
+            S acc = 0;
             if (col < c)
-                for (int tp = col + q; tp < c; tp += 4) acc += (double)dgc[tp] + pre[tp][col];
+                for (int tp = col + q; tp < c; tp += 4) acc += (S)dgc[tp] + ps[tp][col];
             acc += __shfl_xor_sync(0xffffffffu, acc, 1);
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);
             if (q == 0 && col < c) row[col] = (float)acc;

@@ -234,7 +234,8 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
 template <bool SPLIT>
 __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     extern __shared__ __align__(16) float sm[];   /* mm's tiles; then gate_store's prefix sums */
-    __shared__ float red[32], row[CC], gt[GT_FLOATS];
+    __shared__ float red[32], row[CC];
+    float *gt = sm + 2 * CC * (CC + 1);   /* gate_store's inputs past its prefix sums (grp_smem) */
     double(*pre)[CC + 1] = reinterpret_cast<double(*)[CC + 1]>(sm);
     const Item it = item_of(p, G);
     if (it.c == 0) return;
@@ -247,10 +248,9 @@ __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     const auto W = [&](int64_t off, int ld, int t) { return Mat{w + off, ld, t}; };
     const auto R = [&](int off, int t) { return Mat{rec + off, CC, t}; };
     BP_DECL;
-    GateTok gk;   /* gate_store's inputs, in flight through grp_load */
+    GateTok gk;   /* gate_store's inputs, held in registers through the item */
     gk.issue(p, rec, it.row0, it.c, it.j);
     grp_load(p, G, it);
-    gk.commit(gt);
     __syncthreads();
     BP(0);
     /* U = Tm (Bv - Bk S0) (gdn_chunk_u) */
@@ -310,6 +310,8 @@ __global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
     BP(22);
     mm<SPLIT>(CC, K, CC, 1.f, W(o.dA, CC, 1), W(o.Kc, K, 0), w + o.dKc, K, 1, UPPER_A, sm);
     BP(23);
+    __syncthreads();   /* mm's tiles no longer read */
+    gk.commit(gt);
     gate_store(p, it.slot, it.j, it.row0, it.c, gt, w + o.Rg, CC, w + o.dgc, w + o.dbeta, row, pre);
     BP(24);
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0, "group item: load | U: Xr, U | dKd, dU, dU | last | dP, Xq | dp | dQc, dKc, dWk, dTm, dTm | mid | dBk, dBv, tmp, dA, KK | beta | dKc, dKc | gate", 25, 1);
@@ -395,12 +397,12 @@ __global__ void dparam_kernel(BwdArgs p) {
     if (p.ddt_bias) p.ddt_bias[j] = (float)sb;
 }
 
-/* grp_kernel's dynamic shared memory: mm's tiles or gate_store's prefix sums */
+/* grp_kernel's dynamic shared memory: mm's tiles, or gate_store's prefix sums and inputs */
 int grp_smem(int K, int V) {
     int nmax = K > V ? K : V;
     if (nmax < CC) nmax = CC;
-    return mm_smem(nmax) * (int)sizeof(float) > CC * (CC + 1) * (int)sizeof(double)
-               ? mm_smem(nmax) * (int)sizeof(float) : CC * (CC + 1) * (int)sizeof(double);
+    const int mm = mm_smem(nmax) * (int)sizeof(float), gs = CC * (CC + 1) * (int)sizeof(double) + GT_FLOATS * (int)sizeof(float);
+    return mm > gs ? mm : gs;
 }
 
 }  // namespace

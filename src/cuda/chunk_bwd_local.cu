@@ -27,6 +27,7 @@
  * owns rows 16 (w % 4) and half w / 4 of the columns of every c x K and c x c
  * sum; the panel's c x VP products are dealt one 16 x 16 tile per warp. */
 #include <cooperative_groups.h>
+#include <type_traits>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
@@ -629,6 +630,9 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
     else cluster_qk_rows<KH, float>(p, row0, c, h, dQs, dKs, ld);
 }
 
+/* gate_store's sums: double with 3xTF32 products, float with single tf32 ones */
+template <bool SPLIT> using GateSum = typename std::conditional<SPLIT, double, float>::type;
+
 /* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without */
 template <bool SPLIT, int KH, bool WG>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
@@ -938,7 +942,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         BP(3);
         cluster_qk_store<KH>(p, row0, c, h, dQs, dKs, LK);
         BP(4);
-        gate_store(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
+        gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
         BP(13);
         cooperative_groups::this_cluster().sync();   /* no block leaves while another reads its partials */
         BP(5);
@@ -948,7 +952,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         store_rows<NR>(aKd, wr, kc0, K, w + G.o.dKc);
         __syncthreads();   /* Q and dWk's space free for the prefix sums */
         BP(12);
-        gate_store(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
+        gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
         BP(13);
     }
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0,
