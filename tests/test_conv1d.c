@@ -613,6 +613,8 @@ void test_conv1d(void) {
         {2048, 4, GDN_BF16, 1, 2, 65}, {2048, 3, GDN_F32, 0, 1, 100}, {2048, 8, GDN_F16, 1, 1, 64},
         {2048, 4, GDN_F32, 1, 3, 33}, {1, 4, GDN_F32, 1, 2, 40}, {16, 2, GDN_BF16, 0, 2, 17},
         {64, 4, GDN_F32, 1, 2, 70}, {65, 5, GDN_F16, 1, 2, 9}, {127, 4, GDN_BF16, 1, 1, 200},
+        /* bf16 full channel blocks (the one-pass rows) with every W class and without SiLU */
+        {2048, 2, GDN_BF16, 0, 2, 40}, {128, 7, GDN_BF16, 1, 2, 50}, {192, 1, GDN_BF16, 0, 1, 30}, {256, 8, GDN_BF16, 1, 1, 100},
     };
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++, idx++) {
         ccase tc = {0};
@@ -634,6 +636,8 @@ void test_conv1d(void) {
             test_update_slots(W, dts[di], (W + di + 1) % 2, W % 2, 37, idx++);
         }
     test_update_consistency(4, GDN_F32, 1, 2048, idx++);
+    test_update_consistency(4, GDN_BF16, 1, 2048, idx++);
+    test_update_consistency(3, GDN_BF16, 0, 128, idx++);
     test_update_slots(4, GDN_BF16, 1, 1, 2048, idx++);
     test_determinism();
     test_bad_input();

@@ -14,7 +14,9 @@
  * through a small row buffer that carries the last W-1 inputs. The forward
  * threads over chunks of the flattened tokens (TC rows or fewer; no
  * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
- * a time across all channel blocks, i.e. memory row by row. The backward
+ * a time across all channel blocks, i.e. memory row by row; a bf16 row of a
+ * full channel block goes in one pass (convert, convolve, SiLU, round,
+ * store: conv_rows_bf16), other rows through f32 row buffers. The backward
  * keeps one channel block per thread for every token of every sequence, so
  * dweight / dbias are summed in token order (fp32 over SB tokens, then fp64)
  * and have the same bits whatever the thread count. W is a compile-time
@@ -110,12 +112,45 @@ INLINE void conv_dx(const int W, int nb, const float *dzb, const float wt[WMAX][
     }
 }
 
+/* bf16 rows i < nb of a full channel block in one pass each: x row i
+ * (x + i*D) converted into xb row W-1+i, z = bv + sum_w wt[w] xb[i+w] (the
+ * order of conv_z), SiLU where asked, y row i stored in bf16; no z buffer */
+INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint16_t *restrict y, int64_t D, float *restrict xb,
+                           const float wt[WMAX][CB], const float *restrict bv, int silu) {
+    for (int i = 0; i < nb; i++) {
+        const uint16_t *xr = x + (int64_t)i * D;
+        uint16_t *yr = y + (int64_t)i * D;
+        const float *r = xb + i * CB;
+        float *xn = xb + (W - 1 + i) * CB;
+        for (int c = 0; c < CB; c++) {
+            const uint32_t u = (uint32_t)xr[c] << 16;
+            float v;
+            memcpy(&v, &u, 4);
+            xn[c] = v;
+            float acc = bv[c];
+            for (int w = 0; w < W - 1; w++) acc += wt[w][c] * r[w * CB + c];
+            acc += wt[W - 1][c] * v;
+            if (silu) acc = acc / (1.f + gdn_expf(-acc));
+            uint32_t o;
+            memcpy(&o, &acc, 4);
+            const uint32_t rn = (o + 0x7fffu + ((o >> 16) & 1u)) >> 16, q = (o >> 16) | 0x40u;
+            yr[c] = (uint16_t)((o & 0x7fffffffu) > 0x7f800000u ? q : rn);
+        }
+    }
+}
+
 #define W_SWITCH(W, call) do { switch (W) { \
     case 1: call(1); break; case 2: call(2); break; case 3: call(3); break; case 4: call(4); break; \
     case 5: call(5); break; case 6: call(6); break; case 7: call(7); break; default: call(8); break; } } while (0)
 
 static void conv_z_any(int W, int nb, const float *xb, const float wt[WMAX][CB], const float *bv, float *z) {
 #define CALL(w) conv_z(w, nb, xb, wt, bv, z)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+static void conv_rows_bf16_any(int W, int nb, const uint16_t *x, uint16_t *y, int64_t D, float *xb, const float wt[WMAX][CB],
+                               const float *bv, int silu) {
+#define CALL(w) conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, silu)
     W_SWITCH(W, CALL);
 #undef CALL
 }
@@ -165,6 +200,12 @@ static void fwd_piece(const gdn_conv1d_config *c, const gdn_conv1d_args *a, int6
     }
     for (int64_t tb = t0; tb < t1; tb += SB) {
         const int nb = (int)(t1 - tb < SB ? t1 - tb : SB);
+        if (dt == GDN_BF16 && nc == CB) {   /* one pass a row */
+            const int64_t at = (bos + tb) * D + d0;
+            conv_rows_bf16_any(W, nb, (const uint16_t *)a->x + at, (uint16_t *)a->y + at, D, xb, wt, bv, c->silu);
+            memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+            continue;
+        }
         for (int i = 0; i < nb; i++) load_row(dt, a->x, (bos + tb + i) * D + d0, xb + (W - 1 + i) * CB, nc);
         conv_z_any(W, nb, xb, wt, bv, z);
         if (c->silu) gdn_silu_rows(z, nb * CB);
