@@ -5,8 +5,9 @@
  *   dz_i = dy_i x_i r w_i gate'(z_i),   dw_i = sum over rows of dy_i x_i r gate(z_i)
  *
  * Layout of the work: threads take rows (OpenMP, static), each row is loaded
- * into fp32 scratch, every loop over V is branch-free so the compiler
- * vectorises it (sums with 16 fixed partial accumulators; the gates through
+ * into fp32 scratch (the bf16 backward converts z and dy where they are used
+ * and rounds dz, dx where they are formed: bwd_row_bf16), every loop over V
+ * is branch-free so the compiler vectorises it (sums with 16 fixed partial accumulators; the gates through
  * cpu/act.h). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK, each
  * block sums its rows in row order into a double partial, and the partials
  * are added in block order: the bits do not depend on the thread count. */
@@ -95,6 +96,49 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 
 /* ---- backward ---- */
 
+static inline float bf16_f(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* round to nearest even, NaN kept quiet (gdn_bf16_row_store's bits) */
+static inline uint16_t f_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+/* bwd_row for bf16 in fewer passes: z and dy converted where they are used,
+ * the gate's sigmoid pair (cpu/act.h's form), dz and dx rounded and stored in
+ * the loops that form them; the same arithmetic, so the same bits */
+static void bwd_row_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, const uint16_t *restrict z,
+                         const float *restrict w, const float *rstd, const uint16_t *restrict dy, uint16_t *restrict dx,
+                         uint16_t *restrict dz, int64_t r, float *restrict xr, float *restrict ar, double *restrict dwp) {
+    const int V = c->V;
+    const int64_t o = r * V;
+    for (int i = 0; i < V; i++) xr[i] = bf16_f(x[o + i]);
+    const float rs = rstd ? rstd[r] : row_rstd(xr, V, c->eps);
+    const int silu = c->gate == GDN_NORM_GATE_SILU;
+    for (int i = 0; i < V; i++) {
+        const float zi = bf16_f(z[o + i]), a0 = bf16_f(dy[o + i]);
+        const float e = gdn_expf(-zi), s = 1.f / (1.f + e), sn = e * s;
+        const float g = silu ? zi * s : s;
+        const float dg = silu ? s * (1.f + zi * sn) : s * sn;
+        const float dyx = a0 * (xr[i] * rs);
+        dwp[i] += (double)(dyx * g);
+        dz[o + i] = f_bf16(dyx * w[i] * dg);
+        ar[i] = a0 * w[i] * g;
+    }
+    if (V == 1) {
+        dx[o] = f_bf16(rs * ar[0] * (c->eps * rs * rs));   /* as bwd_row */
+    } else {
+        const float cc = sum_prod(ar, xr, V) / (float)V * rs * rs;
+        for (int i = 0; i < V; i++) dx[o + i] = f_bf16(rs * (ar[i] - xr[i] * cc));
+    }
+}
+
 /* One row: dx, dz written, dy x r gate(z) added to the block's partial dwp. */
 static void bwd_row(const gdn_rmsnorm_config *c, const void *x, const void *z, const float *restrict w,
                     const float *rstd, const void *dy, void *dx, void *dz, int64_t r,
@@ -152,8 +196,12 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
             double *dwp = part + b * V;
             for (int i = 0; i < V; i++) dwp[i] = 0;
             const int64_t r1 = (b + 1) * RB < rows ? (b + 1) * RB : rows;
-            for (int64_t r = b * RB; r < r1; r++)
-                bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, sr, snr, dwp);
+            if (c->dtype == GDN_BF16)
+                for (int64_t r = b * RB; r < r1; r++)
+                    bwd_row_bf16(c, x, z, w, rstd, dy, dx, dz, r, xr, ar, dwp);
+            else
+                for (int64_t r = b * RB; r < r1; r++)
+                    bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, sr, snr, dwp);
         }
         gdn_ftz_end(m);
     }
