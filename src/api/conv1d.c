@@ -133,7 +133,8 @@ gdn_status gdn_conv1d_bwd(const gdn_exec *ex, const gdn_conv1d_config *cfg, cons
         return gdn_ok();
 #endif
     }
-    gdn_cpu_conv1d_bwd(th, cfg, N, a);
+    if (gdn_cpu_conv1d_bwd(th, cfg, N, a))
+        return gdn_fail(GDN_ERR_BACKEND, "out of memory for the channel blocks' state (D %d)", cfg->D);
     return gdn_ok();
 }
 

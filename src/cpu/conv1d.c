@@ -17,14 +17,20 @@
  * a time across all channel blocks, i.e. memory row by row; a bf16 row of a
  * full channel block goes in one pass (convert, convolve, SiLU, round,
  * store: conv_rows_bf16), other rows through f32 row buffers. The backward
- * keeps one channel block per thread for every token of every sequence, so
- * dweight / dbias are summed in token order (fp32 over SB tokens, then fp64)
- * and have the same bits whatever the thread count. W is a compile-time
+ * deals whole channel blocks to threads, each walking its blocks SB tokens
+ * at a time across them (rows again), so every block's dweight / dbias is
+ * summed in token order (fp32 over SB tokens, then fp64) and has the same
+ * bits whatever the thread count; bf16 full blocks take their first pass
+ * (dz, the sums) and their dx rows in one pass each (bwd_rows_bf16,
+ * dx_rows_bf16). W is a compile-time
  * constant inside the kernels (one instance per W = 1..8). */
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/conv1d.h"
 #include "cpu/act.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
 
@@ -139,6 +145,54 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
     }
 }
 
+/* the backward's first pass for bf16 rows i < nr of a full channel block:
+ * x row i (x + i*D) into xb row W-1+i, z = bv + sum_w wt[w] xb[i+w] (conv_z's
+ * order), dz = dy act'(z) (silu_grad_rows' form) into dzb row W-1+i, and dz
+ * added to dbf, dz xb[i+w] to dwf[w] (conv_dw's order); no z, dy buffers */
+INLINE void bwd_rows_bf16(const int W, int nr, const uint16_t *restrict x, const uint16_t *restrict dy, int64_t D, float *restrict xb,
+                          float *restrict dzb, const float wt[WMAX][CB], const float *restrict bv, int silu, float dwf[WMAX][CB],
+                          float *restrict dbf) {
+    for (int i = 0; i < nr; i++) {
+        const uint16_t *xr = x + (int64_t)i * D, *gr = dy + (int64_t)i * D;
+        const float *r = xb + i * CB;
+        float *xn = xb + (W - 1 + i) * CB, *dz = dzb + (W - 1 + i) * CB;
+        for (int c = 0; c < CB; c++) {
+            const uint32_t u = (uint32_t)xr[c] << 16, ug = (uint32_t)gr[c] << 16;
+            float v, g;
+            memcpy(&v, &u, 4);
+            memcpy(&g, &ug, 4);
+            xn[c] = v;
+            if (silu) {
+                float z = bv[c];
+                for (int w = 0; w < W - 1; w++) z += wt[w][c] * r[w * CB + c];
+                z += wt[W - 1][c] * v;
+                const float sg = gdn_sigmoidf(z);
+                g = g * sg * (1.f + z * (1.f - sg));
+            }
+            dz[c] = g;
+            dbf[c] += g;
+            for (int w = 0; w < W - 1; w++) dwf[w][c] += g * r[w * CB + c];
+            dwf[W - 1][c] += g * v;
+        }
+    }
+}
+
+/* dx rows i < nb (bf16, full channel block) straight from the taps: dxx row
+ * i = sum_w dzb[W-1+i-w] wt[w] (conv_dx's order), rounded and stored at y + i*D */
+INLINE void dx_rows_bf16(const int W, int nb, const float *restrict dzb, const float wt[WMAX][CB], uint16_t *restrict y, int64_t D) {
+    for (int i = 0; i < nb; i++) {
+        uint16_t *o = y + (int64_t)i * D;
+        for (int c = 0; c < CB; c++) {
+            float acc = 0.f;
+            for (int w = 0; w < W; w++) acc += dzb[(W - 1 + i - w) * CB + c] * wt[w][c];
+            uint32_t u;
+            memcpy(&u, &acc, 4);
+            const uint32_t rn = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+            o[c] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : rn);
+        }
+    }
+}
+
 #define W_SWITCH(W, call) do { switch (W) { \
     case 1: call(1); break; case 2: call(2); break; case 3: call(3); break; case 4: call(4); break; \
     case 5: call(5); break; case 6: call(6); break; case 7: call(7); break; default: call(8); break; } } while (0)
@@ -151,6 +205,17 @@ static void conv_z_any(int W, int nb, const float *xb, const float wt[WMAX][CB],
 static void conv_rows_bf16_any(int W, int nb, const uint16_t *x, uint16_t *y, int64_t D, float *xb, const float wt[WMAX][CB],
                                const float *bv, int silu) {
 #define CALL(w) conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, silu)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+static void bwd_rows_bf16_any(int W, int nr, const uint16_t *x, const uint16_t *dy, int64_t D, float *xb, float *dzb,
+                              const float wt[WMAX][CB], const float *bv, int silu, float dwf[WMAX][CB], float *dbf) {
+#define CALL(w) bwd_rows_bf16(w, nr, x, dy, D, xb, dzb, wt, bv, silu, dwf, dbf)
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+static void dx_rows_bf16_any(int W, int nb, const float *dzb, const float wt[WMAX][CB], uint16_t *y, int64_t D) {
+#define CALL(w) dx_rows_bf16(w, nb, dzb, wt, y, D)
     W_SWITCH(W, CALL);
 #undef CALL
 }
@@ -275,83 +340,173 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
 
 /* ---- backward ---- */
 
-/* Every sequence, channels d0..d0+nc-1. Sub-block tb covers positions
- * tb..tb+nb-1 of the L + W - 1 steps (tokens past L have dz = 0): step t
- * computes dz[t] and emits dxx[t-W+1], whose taps dz[t-W+1..t] are then known.
- * xb / dzb rows 0..W-2 carry xx / dz of the W-1 steps before tb. */
-static void bwd_block(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int d0, int nc) {
+/* A channel block's state between its sub-blocks: its weights, the last W-1
+ * rows of xx and dz, and its dweight / dbias sums. */
+typedef struct {
+    float wt[WMAX][CB], bv[CB];
+    float xw[(WMAX - 1) * CB], dzw[(WMAX - 1) * CB];
+    double dw[WMAX][CB], db[CB];
+} bwd_state;
+
+/* dx / dh0 rows of steps [i0, i1) of a sub-block through the dxx rows
+ * (zb), dht added where it reaches */
+static void bwd_sub_rest(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos, int64_t L, int64_t tb, int d0,
+                         int nc, const float (*wt)[CB], const float *dzb, float *zb, int i0, int i1) {
+    const int W = c->W, D = c->D;
+    if (i1 <= i0) return;
+    float *dh0 = a->dh0 ? a->dh0 + ((int64_t)n * D + d0) * W : NULL;
+    const float *dht = a->dht ? a->dht + ((int64_t)n * D + d0) * W : NULL;
+    conv_dx_any(W, i1 - i0, dzb + i0 * CB, wt, zb);   /* zb row i - i0 holds dxx of step i */
+    for (int i = i0; i < i1; i++) {
+        const int64_t s = tb + i - (W - 1);
+        float *r = zb + (i - i0) * CB;
+        if (dht && s >= L - W)
+            for (int c2 = 0; c2 < nc; c2++) r[c2] += dht[(int64_t)c2 * W + (s - L + W)];
+        if (s >= 0) store_row(c->dtype, a->dx, (bos + s) * D + d0, r, nc);
+        else if (dh0)
+            for (int c2 = 0; c2 < nc; c2++) dh0[(int64_t)c2 * W + W + s] = r[c2];
+    }
+}
+
+/* Sub-block tb of sequence n for channels d0..d0+nc-1: positions tb..tb+nb-1
+ * of the L + W - 1 steps (tokens past L have dz = 0); step t computes dz[t]
+ * and emits dxx[t-W+1], whose taps dz[t-W+1..t] are then known. xb / dzb
+ * (scratch) rows 0..W-2 take xx / dz of the W-1 steps before tb from the
+ * block's state, and give the last W-1 back. */
+static void bwd_sub(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos, int64_t L, int64_t tb, int d0,
+                    int nc, bwd_state *st, float *xb, float *dzb, float *dyb, float *zb) {
     const int W = c->W, D = c->D;
     const gdn_dtype dt = c->dtype;
-    float wt[WMAX][CB], bv[CB];
-    float xb[(SB + WMAX - 1) * CB], dzb[(SB + WMAX - 1) * CB], dyb[SB * CB], zb[SB * CB];
+    const float(*wt)[CB] = (const float(*)[CB])st->wt;
     float dwf[WMAX][CB], dbf[CB];
-    double dw[WMAX][CB], db[CB];
-    block_weights(a->weight, a->bias, W, d0, nc, wt, bv);
-    memset(xb, 0, sizeof xb); memset(dzb, 0, sizeof dzb); memset(dyb, 0, sizeof dyb);
-    memset(dw, 0, sizeof dw); memset(db, 0, sizeof db);
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
-        const int64_t L = c->cu_seqlens ? c->cu_seqlens[n + 1] - bos : c->T;
-        float *dh0 = a->dh0 ? a->dh0 + ((int64_t)n * D + d0) * W : NULL;
-        const float *dht = a->dht ? a->dht + ((int64_t)n * D + d0) * W : NULL;
-        for (int j = 0; j < W - 1; j++) {
-            state_row(a->h0, n, D, W, d0, nc, j - (W - 1), xb + j * CB);
-            memset(dzb + j * CB, 0, sizeof(float) * CB);
-        }
-        for (int64_t tb = 0; tb < L + W - 1; tb += SB) {
-            const int nb = (int)(L + W - 1 - tb < SB ? L + W - 1 - tb : SB);
-            const int nr = (int)(L - tb < 0 ? 0 : (L - tb < nb ? L - tb : nb));   /* real tokens */
-            float *dz = dzb + (W - 1) * CB;
+    const int nb = (int)(L + W - 1 - tb < SB ? L + W - 1 - tb : SB);
+    const int nr = (int)(L - tb < 0 ? 0 : (L - tb < nb ? L - tb : nb));   /* real tokens */
+    if (nc < CB) {   /* the scratch's channels past nc stay zero */
+        memset(xb, 0, sizeof(float) * (SB + WMAX - 1) * CB);
+        memset(dyb, 0, sizeof(float) * SB * CB);
+    }
+    memcpy(xb, st->xw, sizeof(float) * (size_t)(W - 1) * CB);
+    memcpy(dzb, st->dzw, sizeof(float) * (size_t)(W - 1) * CB);
+    float *dz = dzb + (W - 1) * CB;
+    if (nr > 0) {
+        memset(dwf, 0, sizeof dwf); memset(dbf, 0, sizeof dbf);
+        if (dt == GDN_BF16 && nc == CB) {   /* the first pass in one */
+            const int64_t at = (bos + tb) * D + d0;
+            bwd_rows_bf16_any(W, nr, (const uint16_t *)a->x + at, (const uint16_t *)a->dy + at, D, xb, dzb, wt, st->bv, c->silu, dwf,
+                              dbf);
+        } else {
             for (int i = 0; i < nr; i++) {
                 load_row(dt, a->x, (bos + tb + i) * D + d0, xb + (W - 1 + i) * CB, nc);
                 load_row(dt, a->dy, (bos + tb + i) * D + d0, dyb + i * CB, nc);
             }
-            for (int64_t i = tb + SB; i < tb + 2 * SB && i < L; i++) {
-                prefetch_row(dt, a->x, (bos + i) * D + d0);
-                prefetch_row(dt, a->dy, (bos + i) * D + d0);
+            if (c->silu) {
+                conv_z_any(W, nr, xb, wt, st->bv, zb);
+                silu_grad_rows(zb, dyb, dz, nr * CB);
+            } else {
+                memcpy(dz, dyb, sizeof(float) * (size_t)nr * CB);
             }
-            if (nr > 0) {
-                if (c->silu) {
-                    conv_z_any(W, nr, xb, (const float(*)[CB])wt, bv, zb);
-                    silu_grad_rows(zb, dyb, dz, nr * CB);
-                } else {
-                    memcpy(dz, dyb, sizeof(float) * (size_t)nr * CB);
-                }
-                memset(dwf, 0, sizeof dwf); memset(dbf, 0, sizeof dbf);
-                conv_dw_any(W, nr, xb, dz, dwf, dbf);
-                for (int c2 = 0; c2 < CB; c2++) {
-                    db[c2] += dbf[c2];
-                    for (int w = 0; w < W; w++) dw[w][c2] += dwf[w][c2];
-                }
-            }
-            memset(dz + nr * CB, 0, sizeof(float) * (size_t)(nb - nr) * CB);
-            conv_dx_any(W, nb, dzb, (const float(*)[CB])wt, zb);   /* zb now holds dxx rows */
-            for (int i = 0; i < nb; i++) {
-                const int64_t s = tb + i - (W - 1);
-                float *r = zb + i * CB;
-                if (dht && s >= L - W)
-                    for (int c2 = 0; c2 < nc; c2++) r[c2] += dht[(int64_t)c2 * W + (s - L + W)];
-                if (s >= 0) store_row(dt, a->dx, (bos + s) * D + d0, r, nc);
-                else if (dh0)
-                    for (int c2 = 0; c2 < nc; c2++) dh0[(int64_t)c2 * W + W + s] = r[c2];
-            }
-            memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
-            memmove(dzb, dzb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+            conv_dw_any(W, nr, xb, dz, dwf, dbf);
         }
-        if (dh0)   /* h0[., 0] is read only by ht of an empty sequence (ht = h0) */
-            for (int c2 = 0; c2 < nc; c2++) dh0[(int64_t)c2 * W] = (L == 0 && dht) ? dht[(int64_t)c2 * W] : 0.f;
+        for (int c2 = 0; c2 < CB; c2++) {
+            st->db[c2] += dbf[c2];
+            for (int w = 0; w < W; w++) st->dw[w][c2] += dwf[w][c2];
+        }
     }
-    for (int c2 = 0; c2 < nc; c2++) {
-        for (int w = 0; w < W; w++) a->dweight[(int64_t)(d0 + c2) * W + w] = (float)dw[w][c2];
-        if (a->dbias) a->dbias[d0 + c2] = (float)db[c2];
+    memset(dz + nr * CB, 0, sizeof(float) * (size_t)(nb - nr) * CB);
+    /* steps i in [lo, hi): dx rows s = tb + i - (W-1) in [0, s1), which take
+     * no dh0 and no dht: bf16 full blocks store them from the taps; the rest
+     * (and every step otherwise) through bwd_sub_rest */
+    int lo = 0, hi = 0;
+    if (dt == GDN_BF16 && nc == CB) {
+        const int64_t s1 = a->dht ? L - W : L;
+        int64_t a0 = (W - 1) - tb, e0 = s1 + (W - 1) - tb;
+        if (a0 < 0) a0 = 0;
+        if (e0 > nb) e0 = nb;
+        if (e0 > a0) {
+            lo = (int)a0; hi = (int)e0;
+            dx_rows_bf16_any(W, hi - lo, dzb + lo * CB, wt, (uint16_t *)a->dx + (bos + tb + lo - (W - 1)) * D + d0, D);
+        }
+    }
+    if (hi > lo) {
+        bwd_sub_rest(c, a, n, bos, L, tb, d0, nc, wt, dzb, zb, 0, lo);
+        bwd_sub_rest(c, a, n, bos, L, tb, d0, nc, wt, dzb, zb, hi, nb);
+    } else {
+        bwd_sub_rest(c, a, n, bos, L, tb, d0, nc, wt, dzb, zb, 0, nb);
+    }
+    memcpy(st->xw, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+    memcpy(st->dzw, dzb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
+}
+
+/* Channel blocks cb0..cb1-1 (one thread), every sequence: SB tokens at a time
+ * across the blocks, so memory is walked by rows (a block walked alone down
+ * every token touches a new 4 KiB page a row). Each block's sums still run
+ * in token order (fp32 over a sub-block, then fp64), so the bits do not
+ * depend on how the blocks are dealt to threads. */
+static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int cb0, int cb1, bwd_state *st) {
+    const int W = c->W, D = c->D;
+    float xb[(SB + WMAX - 1) * CB], dzb[(SB + WMAX - 1) * CB], dyb[SB * CB], zb[SB * CB];
+    memset(xb, 0, sizeof xb); memset(dzb, 0, sizeof dzb); memset(dyb, 0, sizeof dyb);
+    for (int cb = cb0; cb < cb1; cb++) {
+        bwd_state *b = st + (cb - cb0);
+        const int d0 = cb * CB, nc = D - d0 < CB ? D - d0 : CB;
+        block_weights(a->weight, a->bias, W, d0, nc, b->wt, b->bv);
+        memset(b->dw, 0, sizeof b->dw); memset(b->db, 0, sizeof b->db);
+    }
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
+        const int64_t L = c->cu_seqlens ? c->cu_seqlens[n + 1] - bos : c->T;
+        for (int cb = cb0; cb < cb1; cb++) {
+            bwd_state *b = st + (cb - cb0);
+            const int d0 = cb * CB, nc = D - d0 < CB ? D - d0 : CB;
+            memset(b->xw, 0, sizeof b->xw); memset(b->dzw, 0, sizeof b->dzw);
+            for (int j = 0; j < W - 1; j++) state_row(a->h0, n, D, W, d0, nc, j - (W - 1), b->xw + j * CB);
+        }
+        for (int64_t tb = 0; tb < L + W - 1; tb += SB) {
+            for (int64_t i = tb + SB; i < tb + 2 * SB && i < L; i++)   /* the next sub-block's rows of these blocks */
+                for (int cb = cb0; cb < cb1; cb++) {
+                    prefetch_row(c->dtype, a->x, (bos + i) * D + cb * CB);
+                    prefetch_row(c->dtype, a->dy, (bos + i) * D + cb * CB);
+                }
+            for (int cb = cb0; cb < cb1; cb++) {
+                const int d0 = cb * CB, nc = D - d0 < CB ? D - d0 : CB;
+                bwd_sub(c, a, n, bos, L, tb, d0, nc, st + (cb - cb0), xb, dzb, dyb, zb);
+            }
+        }
+        if (a->dh0)   /* h0[., 0] is read only by ht of an empty sequence (ht = h0) */
+            for (int cb = cb0; cb < cb1; cb++) {
+                const int d0 = cb * CB, nc = D - d0 < CB ? D - d0 : CB;
+                float *dh0 = a->dh0 + ((int64_t)n * D + d0) * W;
+                const float *dht = a->dht ? a->dht + ((int64_t)n * D + d0) * W : NULL;
+                for (int c2 = 0; c2 < nc; c2++) dh0[(int64_t)c2 * W] = (L == 0 && dht) ? dht[(int64_t)c2 * W] : 0.f;
+            }
+    }
+    for (int cb = cb0; cb < cb1; cb++) {
+        const bwd_state *b = st + (cb - cb0);
+        const int d0 = cb * CB, nc = D - d0 < CB ? D - d0 : CB;
+        for (int c2 = 0; c2 < nc; c2++) {
+            for (int w = 0; w < W; w++) a->dweight[(int64_t)(d0 + c2) * W + w] = (float)b->dw[w][c2];
+            if (a->dbias) a->dbias[d0 + c2] = (float)b->db[c2];
+        }
     }
 }
 
-void gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a) {
+int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a) {
     const int D = c->D, ncb = (D + CB - 1) / CB;
     const int nt = pick_threads(threads, ncb, (c->B * c->T + N) * D * c->W);
-    #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int cb = 0; cb < ncb; cb++) bwd_block(c, N, a, cb * CB, D - cb * CB < CB ? D - cb * CB : CB);
+    bwd_state *st = malloc(sizeof(bwd_state) * (size_t)ncb);
+    if (!st) return 1;
+    #pragma omp parallel num_threads(nt)
+    {
+        int tid = 0, m = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+        m = omp_get_num_threads();
+#endif
+        const int cb0 = (int)((int64_t)ncb * tid / m), cb1 = (int)((int64_t)ncb * (tid + 1) / m);
+        if (cb1 > cb0) bwd_blocks(c, N, a, cb0, cb1, st + cb0);
+    }
+    free(st);
+    return 0;
 }
 
 /* ---- single-token update ---- */
