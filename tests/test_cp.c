@@ -226,15 +226,7 @@ static void run_case(const cpcase *tc) {
     gdn_ref_bwd_terms(&c, &in, dout.d, tc->dht ? dhtd : NULL, dq_ref, dk_ref, dv_ref, dg_ref, db_ref, dA_ref, ddt_ref,
                       dh0_ref, dh0_t2);
     double dA_t2[64] = {0}, ddt_t2[64] = {0};
-    if (fused)
-        for (size_t i = 0; i < ng; i++) {
-            const int j = (int)(i % HV);
-            const double x = g.d[i] + dt_biasd[j];
-            const double sp = gdn_ref_softplus(x), dsp = x > 20 ? 1.0 : 1.0 / (1.0 + exp(-x));
-            const double term = dg_ref[i] * sp / dsp;
-            dA_t2[j] += term * term;
-            ddt_t2[j] += dg_ref[i] * dg_ref[i];
-        }
+    if (fused) gate_param_terms2(ng, HV, g.d, dt_biasd, dg_ref, dA_t2, ddt_t2);
 
     /* ---- the single call on the whole stream ---- */
     gdn_exec ex1 = {GDN_BACKEND_CPU, NULL, 2, tc->split};

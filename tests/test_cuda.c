@@ -308,14 +308,7 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
     gdn_ref_bwd_terms(&c, &in, dod, tc->dht ? dhtd : NULL, rf[0], rf[1], rf[2], rf[3], rf[4], rf[5], rf[6], rf[7],
                       dh0_t2);
     double dA_t2[64] = {0}, ddt_t2[64] = {0};
-    if (fused)
-        for (size_t i = 0; i < ng; i++) {
-            const int j = (int)(i % HV);
-            const double x = gd[i] + (tc->dtb ? dt_biasd[j] : 0.0);
-            const double sp = gdn_ref_softplus(x), dsp = x > 20 ? 1.0 : 1.0 / (1.0 + exp(-x)), term = rf[3][i] * sp / dsp;
-            dA_t2[j] += term * term;
-            ddt_t2[j] += rf[3][i] * rf[3][i];
-        }
+    if (fused) gate_param_terms2(ng, HV, gd, tc->dtb ? dt_biasd : NULL, rf[3], dA_t2, ddt_t2);
     const gdn_dtype types[8] = {tc->dt, tc->dt, tc->dt, tc->gdt, tc->gdt, GDN_F32, GDN_F32, GDN_F32};
     const char *names[8] = {"dq", "dk", "dv", fused ? "da" : "dg", (f & GDN_BETA_SIGMOID) ? "db" : "dbeta", "dA_log",
                             "ddt_bias", "dh0"};

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "ref/ref.h"
 #include "test_util.h"
 
 long g_passed, g_failed;
@@ -217,6 +218,18 @@ double terms_err_d(const double *out, const double *ref, const double *terms2, s
         den += terms2 ? fmax(ref[i] * ref[i], terms2[i]) : ref[i] * ref[i];
     }
     return sqrt(den) < 1e-9 ? sqrt(num) : sqrt(num) / sqrt(den);
+}
+
+void gate_param_terms2(size_t ng, int HV, const double *a, const double *dt_bias, const double *da, double *dA_t2, double *ddt_t2) {
+    for (int j = 0; j < HV; j++) dA_t2[j] = ddt_t2[j] = 0.0;
+    for (size_t i = 0; i < ng; i++) {
+        const int j = (int)(i % HV);
+        const double x = a[i] + (dt_bias ? dt_bias[j] : 0.0);
+        const double sp = gdn_ref_softplus(x), dsp = x > 20 ? 1.0 : 1.0 / (1.0 + exp(-x));
+        const double term = da[i] * sp / dsp;   /* da = dg * -e^A_log * sp', g = -e^A_log * sp: term = dg g */
+        dA_t2[j] += term * term;
+        ddt_t2[j] += da[i] * da[i];
+    }
 }
 
 double bound_fwd(gdn_dtype t) { return t == GDN_F32 ? 1e-5 : 5e-3; }

@@ -62,6 +62,10 @@ int check_close_terms(const char *ctx, const char *what, gdn_dtype t, const void
 double terms_err_d(const double *out, const double *ref, const double *terms2, size_t n);
 /* same, for a double array (reference self-checks) */
 double rel_err_d(const double *a, const double *ref, size_t n, int *nonfinite);
+/* The terms of dA_log (sum of dg_t g_t) and ddt_bias (sum of da_t) per value
+ * head (docs/DESIGN.md §5), over ng = rows * HV tokens of the fused gate: a
+ * the raw gate input, dt_bias (or NULL), da the reference's dL/da */
+void gate_param_terms2(size_t ng, int HV, const double *a, const double *dt_bias, const double *da, double *dA_t2, double *ddt_t2);
 
 /* bounds of DESIGN.md §5 */
 double bound_fwd(gdn_dtype t);
