@@ -61,19 +61,39 @@ void gdn_cpu_prefetch_chunk(const gdn_plan *p, const void *q, const void *k, con
     if (o) prefetch_rows(o, es, r0, c, vrow, (int64_t)j * p->c.V, p->c.V, 1);
 }
 
+/* dst [cols][rows] = src [rows][cols] transposed, in 8 x 8 tiles (a tile's
+ * rows read and written whole, so each touches 8 lines each way: the
+ * element-by-element form writes a new line every element) */
+static void transpose(const float *restrict src, int rows, int cols, float *restrict dst) {
+    enum { TB = 8 };
+    int r0 = 0;
+    for (; r0 + TB <= rows; r0 += TB) {
+        int c0 = 0;
+        for (; c0 + TB <= cols; c0 += TB) {
+            float t[TB][TB];
+            for (int r = 0; r < TB; r++)
+                for (int c = 0; c < TB; c++) t[c][r] = src[(int64_t)(r0 + r) * cols + c0 + c];
+            for (int c = 0; c < TB; c++)
+                for (int r = 0; r < TB; r++) dst[(int64_t)(c0 + c) * rows + r0 + r] = t[c][r];
+        }
+        for (; c0 < cols; c0++)
+            for (int r = r0; r < r0 + TB; r++) dst[(int64_t)c0 * rows + r] = src[(int64_t)r * cols + c0];
+    }
+    for (; r0 < rows; r0++)
+        for (int c = 0; c < cols; c++) dst[(int64_t)c * rows + r0] = src[(int64_t)r0 * cols + c];
+}
+
 void gdn_cpu_load_state(const gdn_plan *p, const float *src, int64_t n, int j, float *S) {
     const int K = p->c.K, V = p->c.V;
     if (!src) { memset(S, 0, (size_t)K * V * sizeof(float)); return; }
     const float *s = src + (n * p->c.HV + j) * (int64_t)K * V;
     if (!(p->c.flags & GDN_STATE_V_FIRST)) { memcpy(S, s, (size_t)K * V * sizeof(float)); return; }
-    for (int b = 0; b < V; b++)
-        for (int a = 0; a < K; a++) S[a * V + b] = s[b * K + a];
+    transpose(s, V, K, S);   /* s [V][K] -> S [K][V] */
 }
 
 void gdn_cpu_store_state(const gdn_plan *p, float *dst, int64_t n, int j, const float *S) {
     const int K = p->c.K, V = p->c.V;
     float *d = dst + (n * p->c.HV + j) * (int64_t)K * V;
     if (!(p->c.flags & GDN_STATE_V_FIRST)) { memcpy(d, S, (size_t)K * V * sizeof(float)); return; }
-    for (int b = 0; b < V; b++)
-        for (int a = 0; a < K; a++) d[b * K + a] = S[a * V + b];
+    transpose(S, K, V, d);   /* S [K][V] -> d [V][K] */
 }
