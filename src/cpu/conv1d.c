@@ -122,7 +122,7 @@ INLINE void conv_dx(const int W, int nb, const float *dzb, const float wt[WMAX][
  * (x + i*D) converted into xb row W-1+i, z = bv + sum_w wt[w] xb[i+w] (the
  * order of conv_z), SiLU where asked, y row i stored in bf16; no z buffer */
 INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint16_t *restrict y, int64_t D, float *restrict xb,
-                           const float wt[WMAX][CB], const float *restrict bv, int silu) {
+                           const float wt[WMAX][CB], const float *restrict bv, const int silu) {
     for (int i = 0; i < nb; i++) {
         const uint16_t *xr = x + (int64_t)i * D;
         uint16_t *yr = y + (int64_t)i * D;
@@ -204,13 +204,13 @@ static void conv_z_any(int W, int nb, const float *xb, const float wt[WMAX][CB],
 }
 static void conv_rows_bf16_any(int W, int nb, const uint16_t *x, uint16_t *y, int64_t D, float *xb, const float wt[WMAX][CB],
                                const float *bv, int silu) {
-#define CALL(w) conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, silu)
+#define CALL(w) (silu ? conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 1) : conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 0))
     W_SWITCH(W, CALL);
 #undef CALL
 }
 static void bwd_rows_bf16_any(int W, int nr, const uint16_t *x, const uint16_t *dy, int64_t D, float *xb, float *dzb,
                               const float wt[WMAX][CB], const float *bv, int silu, float dwf[WMAX][CB], float *dbf) {
-#define CALL(w) bwd_rows_bf16(w, nr, x, dy, D, xb, dzb, wt, bv, silu, dwf, dbf)
+#define CALL(w) (silu ? bwd_rows_bf16(w, nr, x, dy, D, xb, dzb, wt, bv, 1, dwf, dbf) : bwd_rows_bf16(w, nr, x, dy, D, xb, dzb, wt, bv, 0, dwf, dbf))
     W_SWITCH(W, CALL);
 #undef CALL
 }
