@@ -35,19 +35,27 @@ uint16_t gdn_f32_to_f16(float f);    /* round to nearest even, overflow -> inf *
 void gdn_load(gdn_dtype t, const void *src, int64_t off, float *dst, int64_t n);
 /* dst[off + i] = src[i] for i < n, rounded to t */
 void gdn_store(gdn_dtype t, void *dst, int64_t off, const float *src, int64_t n);
+/* one bf16 value to / from fp32, inline and branch-free so the loops that
+ * use them vectorise; NaN kept quiet, round to nearest even */
+static inline float gdn_bf16_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t gdn_f32_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
 /* the bf16 rows of gdn_load / gdn_store, inline for callers that move short
- * rows (a call per 64-element row costs as much as its work); branch-free,
- * so the loops vectorise; NaN kept quiet, round to nearest even */
+ * rows (a call per 64-element row costs as much as its work) */
 static inline void gdn_bf16_row_load(const uint16_t *s, float *d, int64_t n) {
-    for (int64_t i = 0; i < n; i++) { const uint32_t u = (uint32_t)s[i] << 16; memcpy(d + i, &u, 4); }
+    for (int64_t i = 0; i < n; i++) d[i] = gdn_bf16_f32(s[i]);
 }
 static inline void gdn_bf16_row_store(const float *s, uint16_t *d, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, s + i, 4);
-        const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-    }
+    for (int64_t i = 0; i < n; i++) d[i] = gdn_f32_bf16(s[i]);
 }
 /* strided variants: element i is at off + i*stride */
 void gdn_load_strided(gdn_dtype t, const void *src, int64_t off, int64_t stride, float *dst, int64_t n);

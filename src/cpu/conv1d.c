@@ -129,18 +129,13 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
         const float *r = xb + i * CB;
         float *xn = xb + (W - 1 + i) * CB;
         for (int c = 0; c < CB; c++) {
-            const uint32_t u = (uint32_t)xr[c] << 16;
-            float v;
-            memcpy(&v, &u, 4);
+            const float v = gdn_bf16_f32(xr[c]);
             xn[c] = v;
             float acc = bv[c];
             for (int w = 0; w < W - 1; w++) acc += wt[w][c] * r[w * CB + c];
             acc += wt[W - 1][c] * v;
             if (silu) acc = acc / (1.f + gdn_expf(-acc));
-            uint32_t o;
-            memcpy(&o, &acc, 4);
-            const uint32_t rn = (o + 0x7fffu + ((o >> 16) & 1u)) >> 16, q = (o >> 16) | 0x40u;
-            yr[c] = (uint16_t)((o & 0x7fffffffu) > 0x7f800000u ? q : rn);
+            yr[c] = gdn_f32_bf16(acc);
         }
     }
 }
@@ -157,10 +152,8 @@ INLINE void bwd_rows_bf16(const int W, int nr, const uint16_t *restrict x, const
         const float *r = xb + i * CB;
         float *xn = xb + (W - 1 + i) * CB, *dz = dzb + (W - 1 + i) * CB;
         for (int c = 0; c < CB; c++) {
-            const uint32_t u = (uint32_t)xr[c] << 16, ug = (uint32_t)gr[c] << 16;
-            float v, g;
-            memcpy(&v, &u, 4);
-            memcpy(&g, &ug, 4);
+            const float v = gdn_bf16_f32(xr[c]);
+            float g = gdn_bf16_f32(gr[c]);
             xn[c] = v;
             if (silu) {
                 float z = bv[c];
@@ -185,10 +178,7 @@ INLINE void dx_rows_bf16(const int W, int nb, const float *restrict dzb, const f
         for (int c = 0; c < CB; c++) {
             float acc = 0.f;
             for (int w = 0; w < W; w++) acc += dzb[(W - 1 + i - w) * CB + c] * wt[w][c];
-            uint32_t u;
-            memcpy(&u, &acc, 4);
-            const uint32_t rn = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-            o[c] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : rn);
+            o[c] = gdn_f32_bf16(acc);
         }
     }
 }

@@ -98,20 +98,6 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 
 /* ---- backward ---- */
 
-static inline float bf16_f(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-/* round to nearest even, NaN kept quiet (gdn_bf16_row_store's bits) */
-static inline uint16_t f_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
-
 /* bwd_row for bf16 in fewer passes: z and dy converted where they are used,
  * the gate's sigmoid pair (cpu/act.h's form), dz and dx rounded and stored in
  * the loops that form them; the same arithmetic, so the same bits */
@@ -120,24 +106,24 @@ static void bwd_row_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x
                          uint16_t *restrict dz, int64_t r, float *restrict xr, float *restrict ar, float *restrict dwp) {
     const int V = c->V;
     const int64_t o = r * V;
-    for (int i = 0; i < V; i++) xr[i] = bf16_f(x[o + i]);
+    for (int i = 0; i < V; i++) xr[i] = gdn_bf16_f32(x[o + i]);
     const float rs = rstd ? rstd[r] : row_rstd(xr, V, c->eps);
     const int silu = c->gate == GDN_NORM_GATE_SILU;
     for (int i = 0; i < V; i++) {
-        const float zi = bf16_f(z[o + i]), a0 = bf16_f(dy[o + i]);
+        const float zi = gdn_bf16_f32(z[o + i]), a0 = gdn_bf16_f32(dy[o + i]);
         const float e = gdn_expf(-zi), s = 1.f / (1.f + e), sn = e * s;
         const float g = silu ? zi * s : s;
         const float dg = silu ? s * (1.f + zi * sn) : s * sn;
         const float dyx = a0 * (xr[i] * rs);
         dwp[i] += dyx * g;
-        dz[o + i] = f_bf16(dyx * w[i] * dg);
+        dz[o + i] = gdn_f32_bf16(dyx * w[i] * dg);
         ar[i] = a0 * w[i] * g;
     }
     if (V == 1) {
-        dx[o] = f_bf16(rs * ar[0] * (c->eps * rs * rs));   /* as bwd_row */
+        dx[o] = gdn_f32_bf16(rs * ar[0] * (c->eps * rs * rs));   /* as bwd_row */
     } else {
         const float cc = sum_prod(ar, xr, V) / (float)V * rs * rs;
-        for (int i = 0; i < V; i++) dx[o + i] = f_bf16(rs * (ar[i] - xr[i] * cc));
+        for (int i = 0; i < V; i++) dx[o + i] = gdn_f32_bf16(rs * (ar[i] - xr[i] * cc));
     }
 }
 
