@@ -957,7 +957,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     }
     BP_PRINT(G.s0 == 0 && blockIdx.x == 0,
              "local item: start | panels: loads, X dU, U, sums dBv, dv | K: head, dP, dBk tmp, dA KK, pairs, dKc store, gate | "
-             "head: load Q, stores, round | stores: dWk, dTm", 19, 1);
+             "head: load Q, stores, round | stores: dWk, dTm (with WG, panels is the whole walk over V; in a cluster 2-5 are: "
+             "partials stored, cluster barrier, dq dk, last barrier)", 19, 1);
 }
 
 template <int KH> constexpr int local_smem() { return Lay<KH>::floats * (int)sizeof(float); }
