@@ -567,6 +567,7 @@ static void run_case(const cpcase *tc) {
             check_close(ctx, what, types[i], gr_cp[0][i], as_d, sizes[i], bg);
         }
         if (fused) {
+            check_gate_sums(ctx, ng, HV, g.d, dt_biasd, gdt, gr_cp[0][3], dA_cp[0], ddt_cp[0]);
             check_close_terms(ctx, "dA_log (cp, summed over ranks, vs ref)", GDN_F32, dA_cp[0], dA_ref, dA_t2, HV, bg);
             check_close_terms(ctx, "ddt_bias (cp, summed over ranks, vs ref)", GDN_F32, ddt_cp[0], ddt_ref, ddt_t2, HV, bg);
             for (int j = 0; j < HV; j++) as_d[j] = dA1[j];

@@ -424,6 +424,9 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
                 check(!memcmp(hbuf[0][i], hbuf[2][i], bytes), c2, "%s: the graph's result differs", names[i]);
             }
         }
+        if (fused)
+            check_gate_sums(ctx, ng, HV, gd, tc->dtb ? dt_biasd : NULL, tc->gdt, hbuf[0][3], hbuf[0][5],
+                            want[6] ? hbuf[0][6] : NULL);
         free(cref);
     }
     for (int run = 0; run < 3; run++)

@@ -221,6 +221,8 @@ double terms_err_d(const double *out, const double *ref, const double *terms2, s
 }
 
 void gate_param_terms2(size_t ng, int HV, const double *a, const double *dt_bias, const double *da, double *dA_t2, double *ddt_t2) {
+    double da2 = 0.0, w2[64] = {0};
+    size_t n[64] = {0};
     for (int j = 0; j < HV; j++) dA_t2[j] = ddt_t2[j] = 0.0;
     for (size_t i = 0; i < ng; i++) {
         const int j = (int)(i % HV);
@@ -229,7 +231,43 @@ void gate_param_terms2(size_t ng, int HV, const double *a, const double *dt_bias
         const double term = da[i] * sp / dsp;   /* da = dg * -e^A_log * sp', g = -e^A_log * sp: term = dg g */
         dA_t2[j] += term * term;
         ddt_t2[j] += da[i] * da[i];
+        da2 += da[i] * da[i];
+        w2[j] += (sp / dsp) * (sp / dsp);
+        n[j]++;
     }
+    /* what da's own bound lets through: |sum_t (da_t - da_ref_t) w_t| <= ||da - da_ref|| ||w||,
+     * w_t = g_t / g'_t for dA_log and 1 for ddt_bias (Cauchy-Schwarz) */
+    for (int j = 0; j < HV; j++) { dA_t2[j] += da2 * w2[j]; ddt_t2[j] += da2 * (double)n[j]; }
+}
+
+void gate_param_sums(size_t ng, int HV, const double *a, const double *dt_bias, gdn_dtype gdt, const void *da,
+                     const unsigned char *skip, double *dA, double *ddt, double *dA_t2, double *ddt_t2) {
+    for (int j = 0; j < HV; j++) dA[j] = ddt[j] = dA_t2[j] = ddt_t2[j] = 0.0;
+    for (size_t i = 0; i < ng; i++) {
+        if (skip && skip[i / HV]) continue;
+        const int j = (int)(i % HV);
+        const double x = a[i] + (dt_bias ? dt_bias[j] : 0.0);
+        const double sp = gdn_ref_softplus(x), dsp = x > 20 ? 1.0 : 1.0 / (1.0 + exp(-x));
+        const double d = t_get(gdt, da, i), term = d * sp / dsp;
+        dA[j] += term; dA_t2[j] += term * term;
+        ddt[j] += d; ddt_t2[j] += d * d;
+    }
+}
+
+double bound_gate_sums(gdn_dtype gdt) {
+    /* da's rounding to its dtype (unit u) in each term: 8u of the terms' norm */
+    return gdt == GDN_F32 ? 1e-5 : gdt == GDN_BF16 ? 8.0 / 512 : 8.0 / 4096;
+}
+
+int check_gate_sums(const char *ctx, size_t ng, int HV, const double *a, const double *dt_bias, gdn_dtype gdt,
+                    const void *da, const float *dA_log, const float *ddt_bias) {
+    double dA[64], ddt[64], dA_t2[64], ddt_t2[64];
+    gate_param_sums(ng, HV, a, dt_bias, gdt, da, NULL, dA, ddt, dA_t2, ddt_t2);
+    const double b = bound_gate_sums(gdt);
+    int ok = check_close_terms(ctx, "dA_log (the sum of dg_t g_t over its da)", GDN_F32, dA_log, dA, dA_t2, (size_t)HV, b);
+    if (ddt_bias)
+        ok &= check_close_terms(ctx, "ddt_bias (the sum of its da)", GDN_F32, ddt_bias, ddt, ddt_t2, (size_t)HV, b);
+    return ok;
 }
 
 double bound_fwd(gdn_dtype t) { return t == GDN_F32 ? 1e-5 : 5e-3; }

@@ -62,10 +62,24 @@ int check_close_terms(const char *ctx, const char *what, gdn_dtype t, const void
 double terms_err_d(const double *out, const double *ref, const double *terms2, size_t n);
 /* same, for a double array (reference self-checks) */
 double rel_err_d(const double *a, const double *ref, size_t n, int *nonfinite);
-/* The terms of dA_log (sum of dg_t g_t) and ddt_bias (sum of da_t) per value
- * head (docs/DESIGN.md §5), over ng = rows * HV tokens of the fused gate: a
- * the raw gate input, dt_bias (or NULL), da the reference's dL/da */
+/* dA_log and ddt_bias are sums over the tokens of the fused gate (ng = rows
+ * * HV, HV <= 64) of the backward's own da: dA_log_j = sum_t dg_t g_t with
+ * dg_t = da_t / g'_t, ddt_bias_j = sum_t da_t. When the decays are ~1 those
+ * terms cancel, and a chunked backward forms each dg_t from chunk-scale terms
+ * that cancel further, so no per-token bound against the reference holds.
+ * They are checked in two parts: (1) against the same sums of the backend's
+ * da output (check_gate_sums: bound 8u of da's dtype, relative to the terms),
+ * tight, and (2) against the reference, with the per-token terms plus what
+ * da's own bound lets through (gate_param_terms2; a the raw gate input,
+ * dt_bias or NULL, da the reference's dL/da). Together with da's check
+ * against the reference they are complete. */
 void gate_param_terms2(size_t ng, int HV, const double *a, const double *dt_bias, const double *da, double *dA_t2, double *ddt_t2);
+/* the sums of (1) over the tokens whose row (i / HV) skip does not mark (skip NULL: all) */
+void gate_param_sums(size_t ng, int HV, const double *a, const double *dt_bias, gdn_dtype gdt, const void *da,
+                     const unsigned char *skip, double *dA, double *ddt, double *dA_t2, double *ddt_t2);
+double bound_gate_sums(gdn_dtype gdt);
+int check_gate_sums(const char *ctx, size_t ng, int HV, const double *a, const double *dt_bias, gdn_dtype gdt,
+                    const void *da, const float *dA_log, const float *ddt_bias);
 
 /* bounds of DESIGN.md §5 */
 double bound_fwd(gdn_dtype t);

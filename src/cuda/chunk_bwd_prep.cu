@@ -41,6 +41,9 @@ __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
  * (bf16, K = 128, 16-byte rows): q and k stay bf16 (the 128-byte swizzle,
  * by cp.async) and the two products are one wgmma batch of each warpgroup,
  * exact to fp32 accumulation as well ---- */
+/* shared memory before As, in floats: q, k rows in fp32 (Qs, Ks), or with
+ * WG as bf16 at a 1024-byte aligned kq (then three blocks an SM, not two) */
+__host__ __device__ constexpr int prep_qk_floats(bool wg, int lk) { return wg ? (2 * CC * 128 * 2 + 1024) / 4 : 2 * CC * lk; }
 template <bool SPLIT, bool EX, bool WG>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
@@ -49,11 +52,18 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     const int c = p.slot_c[slot];
     if (c == 0) return;
     const int64_t row0 = p.slot_row0[slot];
-    float *Qs = sm, *Ks = Qs + CC * lk, *As = Ks + CC * lk, *Ts = As + CC * RS;
+    float *Qs = sm, *Ks = Qs + CC * lk, *As = sm + prep_qk_floats(WG, lk), *Ts = As + CC * RS;
     double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
     float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
     BP_DECL;
+    /* the per-token loads issued first (they gate the first barrier), then the
+     * q, k rows; the gate and beta formed after: cpu/load.c gdn_cpu_load_gate,
+     * gdn_cpu_load_beta, zero past c; the rows' rstd (1 without the L2 norm) */
+    const bool on = tid < c, l2 = (p.flags & GDN_QK_L2NORM) && on;
+    const int64_t at = (row0 + tid) * p.HV + j;
+    const float graw = on && p.g ? gdn::ld(p.g, at, p.gdt) : 0.f, braw = on ? gdn::ld(p.beta, at, p.gdt) : 0.f;
+    const float rqv = l2 ? p.rstd_q[(row0 + tid) * p.H + h] : 1.f, rkv = l2 ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f;
     /* WG: k, q rows raw at kq (k: [cols 0-63][cols 64-127] of 64 rows, then q), in Qs and Ks's place */
     char *kq = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
     if (WG) {
@@ -68,32 +78,28 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         load_qk(p, p.q, nullptr, row0, c, h, Qs, lk);
         load_qk(p, p.k, nullptr, row0, c, h, Ks, lk);
     }
-    if (tid < CC) {   /* the rows' rstd (1 without the L2 norm) */
-        const bool l2 = (p.flags & GDN_QK_L2NORM) && tid < c;
-        rq[tid] = l2 ? p.rstd_q[(row0 + tid) * p.H + h] : 1.f;
-        rk[tid] = l2 ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f;
-    }
-    if (tid < CC) {   /* cpu/load.c gdn_cpu_load_gate, gdn_cpu_load_beta; zero past c */
-        float g = 0.f, b = 0.f;
-        if (tid < c) {
-            const int64_t at = (row0 + tid) * p.HV + j;
-            if (p.g) {
-                g = gdn::ld(p.g, at, p.gdt);
-                if (p.flags & GDN_GATE_FUSED) {
-                    const float A = -expf(p.A_log[j]), bias = p.dt_bias ? p.dt_bias[j] : 0.f;
-                    g = A * gdn::softplus(g + bias);
-                }
-            }
-            b = gdn::ld(p.beta, at, p.gdt);
-            if (p.flags & GDN_BETA_SIGMOID) b = ((p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f) * gdn::sigmoid(b);
-        }
+    if (tid < CC) {
+        float g = graw, b = braw;
+        if (on && p.g && (p.flags & GDN_GATE_FUSED)) g = -expf(p.A_log[j]) * gdn::softplus(g + (p.dt_bias ? p.dt_bias[j] : 0.f));
+        if (on && (p.flags & GDN_BETA_SIGMOID)) b = ((p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f) * gdn::sigmoid(b);
         gs[tid] = g;
         bs[tid] = b;
+        rq[tid] = rqv;
+        rk[tid] = rkv;
     }
     __syncthreads();
-    if (tid == 0) {   /* the chunk cumsum in double, as the CPU */
-        double acc = 0;
-        for (int t = 0; t < CC; t++) { acc += gs[t]; gcd[t] = acc; }
+    if (tid < 32) {   /* the chunk cumsum in double (as the CPU's precision): a scan over warp 0, two tokens a lane */
+        const double a0 = gs[2 * tid], a1 = gs[2 * tid + 1];
+        double incl = a0 + a1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (tid >= o) incl += y;
+        }
+        double ex = __shfl_up_sync(0xffffffffu, incl, 1);
+        if (tid == 0) ex = 0.0;
+        gcd[2 * tid] = ex + a0;
+        gcd[2 * tid + 1] = ex + a0 + a1;
     }
     __syncthreads();
     if (tid < CC) {
@@ -140,24 +146,28 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     }
     __syncthreads();
     BP(1);
-    /* Tm = (I + A)^-1 by 16 x 16 blocks (a row-by-row substitution over all 64
-     * rows waits on a barrier per row): the diagonal blocks T_bb by
-     * substitution, all four at once; then T_ab = -T_aa sum_{b<=e<a} A_ae T_eb
-     * for a - b = 1, 2, 3 (each level needs only lower ones), the sums M
-     * through Qs (free once P is stored); the blocks above the diagonal 0 */
+    /* Tm = (I + A)^-1 by 16 x 16 blocks: the diagonal blocks T_bb by
+     * substitution in registers, a half-warp per block and a lane per column
+     * (no barrier per row); then T_ab = -T_aa sum_{b<=e<a} A_ae T_eb for
+     * a - b = 1, 2, 3 (each level needs only lower ones), the sums M through
+     * Qs (free once P is stored); the blocks above the diagonal 0 */
     {
-        const int b = tid >> 6, col = tid & 15, rsub = (tid >> 4) & 3;   /* diagonal block, its column */
         for (int e = tid; e < CC * CC; e += NT) Ts[(e >> 6) * RS + (e & 63)] = 0.f;
-        __syncthreads();
-        for (int r = 0; r < 16; r++) {   /* T_bb row r = e_r - sum_{s<r} A_bb[r][s] T_bb[s] (threads of rsub 0) */
-            if (rsub == 0) {
-                const int o = 16 * b;
-                float acc = r == col ? 1.f : 0.f;
-                for (int s2 = 0; s2 < r; s2++) acc -= As[(o + r) * RS + o + s2] * Ts[(o + s2) * RS + o + col];
-                Ts[(o + r) * RS + o + col] = acc;
-            }
-            __syncthreads();
+        const int o = 16 * (tid >> 4), col = tid & 15;
+        float x[16];
+        if (tid < 64) {   /* T_bb row r = e_r - sum_{s<r} A_bb[r][s] T_bb[s], s in order */
+#pragma unroll
+            for (int r = 0; r < 16; r++) x[r] = r == col ? 1.f : 0.f;
+#pragma unroll
+            for (int r = 1; r < 16; r++)
+#pragma unroll
+                for (int s2 = 0; s2 < r; s2++) x[r] -= As[(o + r) * RS + o + s2] * x[s2];
         }
+        __syncthreads();   /* the zero fill done */
+        if (tid < 64)
+#pragma unroll
+            for (int r = 0; r < 16; r++) Ts[(o + r) * RS + o + col] = x[r];
+        __syncthreads();
         BP(2);
         float *M = Qs;   /* [3][16][16] */
         for (int d = 1; d < 4; d++) {
@@ -185,7 +195,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     BP_PRINT(slot == 0 && j == 0, "prep item: loads, gate | A, P | diagonal blocks | levels | Tm store", 5, 1);
 }
 
-int prep_smem(int K) { return (2 * CC * ld4(k8(K)) + 2 * CC * RS + 2 * CC + 4 * CC) * (int)sizeof(float); }
+int prep_smem(int K, bool wg) { return (prep_qk_floats(wg, ld4(k8(K))) + 2 * CC * RS + 2 * CC + 4 * CC) * (int)sizeof(float); }
 
 }  // namespace
 
@@ -193,15 +203,15 @@ void slot_info_launch(const BwdArgs &p, cudaStream_t st) {
     slot_info_kernel<<<(unsigned)((p.nslots + NT - 1) / NT), NT, 0, st>>>(p);
 }
 template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) {
-    cudaError_t e = smem_attr(prep_kernel<SPLIT, false, false>, prep_smem(K));
-    if (e == cudaSuccess) e = smem_attr(prep_kernel<SPLIT, true, false>, prep_smem(K));
-    return e != cudaSuccess || K != 128 ? e : smem_attr(prep_kernel<SPLIT, true, true>, prep_smem(K));
+    cudaError_t e = smem_attr(prep_kernel<SPLIT, false, false>, prep_smem(K, false));
+    if (e == cudaSuccess) e = smem_attr(prep_kernel<SPLIT, true, false>, prep_smem(K, false));
+    return e != cudaSuccess || K != 128 ? e : smem_attr(prep_kernel<SPLIT, true, true>, prep_smem(K, true));
 }
 template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
     const dim3 grid((unsigned)p.nslots, (unsigned)p.HV);
-    if (p.dt == 1 && p.K == 128 && al16(p.q) && al16(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K), st>>>(p);
-    else if (p.dt != 0) prep_kernel<SPLIT, true, false><<<grid, NT, prep_smem(p.K), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
-    else prep_kernel<SPLIT, false, false><<<grid, NT, prep_smem(p.K), st>>>(p);
+    if (p.dt == 1 && p.K == 128 && al16(p.q) && al16(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K, true), st>>>(p);
+    else if (p.dt != 0) prep_kernel<SPLIT, true, false><<<grid, NT, prep_smem(p.K, false), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
+    else prep_kernel<SPLIT, false, false><<<grid, NT, prep_smem(p.K, false), st>>>(p);
 }
 template struct PrepPass<true>;
 
