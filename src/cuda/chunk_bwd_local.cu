@@ -562,8 +562,10 @@ __device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, 
     const int t1 = t0 + per < c ? t0 + per : c, K = p.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i0 = lane * PER;
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     for (int tb = t0 + warp * RB; tb < t1; tb += (NT / 32) * RB) {
-        /* [0]: q, [1]: k */
-        float a[2][RB][PER], xh[2][RB][PER], rs[2][RB];
+        /* [0]: q, [1]: k; the rows kept raw until the sums are in, so their
+         * loads stay in flight through the distributed reads */
+        float a[2][RB][PER], rs[2][RB];
+        T xr[2][RB][PER];
 #pragma unroll
         for (int qk = 0; qk < 2; qk++)
 #pragma unroll
@@ -573,7 +575,7 @@ __device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, 
                 rs[qk][r] = on ? (qk ? p.rstd_k : p.rstd_q)[row * p.H + h] : 1.f;
                 const T *x = static_cast<const T *>(qk ? p.k : p.q) + (row * p.H + h) * K + i0;
 #pragma unroll
-                for (int u = 0; u < PER; u++) xh[qk][r][u] = on && i0 + u < K ? to_f(x[u]) : 0.f;
+                for (int u = 0; u < PER; u++) xr[qk][r][u] = on && i0 + u < K ? x[u] : T(0.f);
 #pragma unroll
                 for (int u = 0; u < PER; u++) a[qk][r][u] = 0.f;
             }
@@ -601,22 +603,35 @@ __device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, 
 #pragma unroll
                     for (int u = 0; u < PER; u++) a[qk][r][u] += y[qk][r][u];
         }
+        /* the chain's dots, then their warp sums side by side */
+        float xh[2][RB][PER], d[2][RB];
 #pragma unroll
         for (int qk = 0; qk < 2; qk++)
 #pragma unroll
             for (int r = 0; r < RB; r++) {
-                float d = 0.f;
+                d[qk][r] = 0.f;
 #pragma unroll
                 for (int u = 0; u < PER; u++) {
-                    xh[qk][r][u] *= rs[qk][r];
-                    d = fmaf(xh[qk][r][u], a[qk][r][u], d);
+                    xh[qk][r][u] = to_f(xr[qk][r][u]) * rs[qk][r];
+                    d[qk][r] = fmaf(xh[qk][r][u], a[qk][r][u], d[qk][r]);
                 }
-                if (l2) d = gdn::warp_sum(d);
+            }
+        if (l2)
+#pragma unroll
+            for (int o = 16; o; o >>= 1)
+#pragma unroll
+                for (int qk = 0; qk < 2; qk++)
+#pragma unroll
+                    for (int r = 0; r < RB; r++) d[qk][r] += __shfl_xor_sync(0xffffffffu, d[qk][r], o);
+#pragma unroll
+        for (int qk = 0; qk < 2; qk++)
+#pragma unroll
+            for (int r = 0; r < RB; r++) {
                 if (tb + r >= t1) continue;
                 const int64_t row = row0 + tb + r, at = (row * p.H + h) * K + i0;
                 float o[PER];
 #pragma unroll
-                for (int u = 0; u < PER; u++) o[u] = l2 ? rs[qk][r] * (a[qk][r][u] - xh[qk][r][u] * d) : a[qk][r][u];
+                for (int u = 0; u < PER; u++) o[u] = l2 ? rs[qk][r] * (a[qk][r][u] - xh[qk][r][u] * d[qk][r]) : a[qk][r][u];
 #pragma unroll
                 for (int u = 0; u < PER; u++)
                     if (i0 + u < K) gdn::st(qk ? p.dk : p.dq, at + u, o[u], p.dt);
