@@ -546,16 +546,32 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
  * rank r takes rows [r per, (r + 1) per), sums the G blocks' rows in rank
  * order from 0 (fp32, as grp_qk_kernel) and stores dx = r (dx^ - x^ (x^.dx^))
  * (the L2 norm chain; dx^ without it). A warp takes RB rows at a time, PER
- * columns a lane, all of a round's loads issued before any is used: T, the
- * input's element type, keeps the q, k loads free of branches. Every block
- * of the cluster calls it after a cluster barrier that published the
- * partials. */
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-template <int KH, typename T>
-__device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, int c, int h, const float *dQs, const float *dKs, int ld) {
+ * columns a lane, all of a round's loads issued before any is used: the
+ * q, k rows load as raw words free of branches (B16: bf16 / f16, converted
+ * by the dtype where used; else f32), one copy of the code for both 16-bit
+ * types (the kernel's code is streamed from L2 once an item: its size is
+ * time). Every block of the cluster calls it after a cluster barrier that
+ * published the partials. */
+template <bool B16> struct QKRow;
+template <> struct QKRow<true> {
+    using T = unsigned short;
+    static __device__ __forceinline__ float f(T x, int dt) {
+        return dt == 1 ? __uint_as_float((uint32_t)x << 16) : __half2float(__ushort_as_half(x));
+    }
+    static __device__ __forceinline__ T to(float v, int dt) {
+        return dt == 1 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+    }
+};
+template <> struct QKRow<false> {
+    using T = float;
+    static __device__ __forceinline__ float f(T x, int) { return x; }
+    static __device__ __forceinline__ T to(float v, int) { return v; }
+};
+template <int KH, bool B16>
+__device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0, int c, int h, const float *dQs, const float *dKs, int ld) {
     namespace cg = cooperative_groups;
+    using R = QKRow<B16>;
+    using T = typename R::T;
     constexpr int PER = KH / 32, RB = 4;
     const cg::cluster_group cl = cg::this_cluster();
     const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
@@ -575,7 +591,7 @@ __device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, 
                 rs[qk][r] = on ? (qk ? p.rstd_k : p.rstd_q)[row * p.H + h] : 1.f;
                 const T *x = static_cast<const T *>(qk ? p.k : p.q) + (row * p.H + h) * K + i0;
 #pragma unroll
-                for (int u = 0; u < PER; u++) xr[qk][r][u] = on && i0 + u < K ? x[u] : T(0.f);
+                for (int u = 0; u < PER; u++) xr[qk][r][u] = on && i0 + u < K ? x[u] : T(0);
 #pragma unroll
                 for (int u = 0; u < PER; u++) a[qk][r][u] = 0.f;
             }
@@ -612,7 +628,7 @@ __device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, 
                 d[qk][r] = 0.f;
 #pragma unroll
                 for (int u = 0; u < PER; u++) {
-                    xh[qk][r][u] = to_f(xr[qk][r][u]) * rs[qk][r];
+                    xh[qk][r][u] = R::f(xr[qk][r][u], p.dt) * rs[qk][r];
                     d[qk][r] = fmaf(xh[qk][r][u], a[qk][r][u], d[qk][r]);
                 }
             }
@@ -629,20 +645,12 @@ __device__ __forceinline__ void cluster_qk_rows(const BwdArgs &p, int64_t row0, 
             for (int r = 0; r < RB; r++) {
                 if (tb + r >= t1) continue;
                 const int64_t row = row0 + tb + r, at = (row * p.H + h) * K + i0;
-                float o[PER];
-#pragma unroll
-                for (int u = 0; u < PER; u++) o[u] = l2 ? rs[qk][r] * (a[qk][r][u] - xh[qk][r][u] * d[qk][r]) : a[qk][r][u];
+                T *y = static_cast<T *>(qk ? p.dk : p.dq) + at;
 #pragma unroll
                 for (int u = 0; u < PER; u++)
-                    if (i0 + u < K) gdn::st(qk ? p.dk : p.dq, at + u, o[u], p.dt);
+                    if (i0 + u < K) y[u] = R::to(l2 ? rs[qk][r] * (a[qk][r][u] - xh[qk][r][u] * d[qk][r]) : a[qk][r][u], p.dt);
             }
     }
-}
-template <int KH>
-__device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0, int c, int h, const float *dQs, const float *dKs, int ld) {
-    if (p.dt == 1) cluster_qk_rows<KH, __nv_bfloat16>(p, row0, c, h, dQs, dKs, ld);
-    else if (p.dt == 2) cluster_qk_rows<KH, __half>(p, row0, c, h, dQs, dKs, ld);
-    else cluster_qk_rows<KH, float>(p, row0, c, h, dQs, dKs, ld);
 }
 
 /* gate_store's sums: double with 3xTF32 products, float with single tf32 ones */
@@ -955,7 +963,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         BP(2);
         cooperative_groups::this_cluster().sync();   /* every block's partials written and visible */
         BP(3);
-        cluster_qk_store<KH>(p, row0, c, h, dQs, dKs, LK);
+        if (SPLIT && p.dt == 0) cluster_qk_store<KH, SPLIT ? false : true>(p, row0, c, h, dQs, dKs, LK);   /* f32 */
+        else cluster_qk_store<KH, true>(p, row0, c, h, dQs, dKs, LK);
         BP(4);
         gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
         BP(13);
