@@ -16,7 +16,8 @@
  * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
  * a time across all channel blocks, i.e. memory row by row; a bf16 row of a
  * full channel block goes in one pass (convert, convolve, SiLU, round,
- * store: conv_rows_bf16), other rows through f32 row buffers. The backward
+ * store: conv_rows_bf16; outputs of STREAM_BYTES or more by streaming
+ * stores), other rows through f32 row buffers. The backward
  * deals whole channel blocks to threads, each walking its blocks SB tokens
  * at a time across them (rows again), so every block's dweight / dbias is
  * summed in token order (fp32 over SB tokens, then fp64) and has the same
@@ -30,6 +31,9 @@
 #include "cpu/act.h"
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
 #endif
 
 enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
@@ -70,6 +74,21 @@ static void state_row(const float *h0, int64_t n, int D, int W, int d0, int nc, 
     if (!h0) { memset(r, 0, sizeof(float) * (size_t)nc); return; }
     const float *h = h0 + ((int64_t)n * D + d0) * W + W + s;
     for (int c = 0; c < nc; c++) r[c] = h[(int64_t)c * W];
+}
+
+/* a bf16 row of a channel block (CB values, 128 bytes) to y; stream: by
+ * streaming stores where 16-byte aligned (a normal store first reads each
+ * line it writes; y is not read back here) */
+enum { STREAM_BYTES = 8 << 20 };   /* outputs from this size stream (past what L2 and most of L3 hold) */
+INLINE void store_row_bf16(uint16_t *restrict y, const uint16_t *restrict row, int stream) {
+#if defined(__SSE2__)
+    if (stream && ((uintptr_t)y & 15) == 0) {
+        for (int k = 0; k < CB * 2 / 16; k++) _mm_stream_si128((__m128i *)y + k, _mm_load_si128((const __m128i *)row + k));
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(y, row, CB * 2);
 }
 
 /* ---- the kernels, W fixed ---- */
@@ -122,12 +141,13 @@ INLINE void conv_dx(const int W, int nb, const float *dzb, const float wt[WMAX][
  * (x + i*D) converted into xb row W-1+i, z = bv + sum_w wt[w] xb[i+w] (the
  * order of conv_z), SiLU where asked, y row i stored in bf16; no z buffer */
 INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint16_t *restrict y, int64_t D, float *restrict xb,
-                           const float wt[WMAX][CB], const float *restrict bv, const int silu) {
+                           const float wt[WMAX][CB], const float *restrict bv, const int silu, int stream) {
     for (int i = 0; i < nb; i++) {
         const uint16_t *xr = x + (int64_t)i * D;
         uint16_t *yr = y + (int64_t)i * D;
         const float *r = xb + i * CB;
         float *xn = xb + (W - 1 + i) * CB;
+        uint16_t out[CB] __attribute__((aligned(64)));
         for (int c = 0; c < CB; c++) {
             const float v = gdn_bf16_f32(xr[c]);
             xn[c] = v;
@@ -135,8 +155,9 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
             for (int w = 0; w < W - 1; w++) acc += wt[w][c] * r[w * CB + c];
             acc += wt[W - 1][c] * v;
             if (silu) acc = acc / (1.f + gdn_expf(-acc));
-            yr[c] = gdn_f32_bf16(acc);
+            out[c] = gdn_f32_bf16(acc);
         }
+        store_row_bf16(yr, out, stream);
     }
 }
 
@@ -193,8 +214,8 @@ static void conv_z_any(int W, int nb, const float *xb, const float wt[WMAX][CB],
 #undef CALL
 }
 static void conv_rows_bf16_any(int W, int nb, const uint16_t *x, uint16_t *y, int64_t D, float *xb, const float wt[WMAX][CB],
-                               const float *bv, int silu) {
-#define CALL(w) (silu ? conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 1) : conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 0))
+                               const float *bv, int silu, int stream) {
+#define CALL(w) (silu ? conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 1, stream) : conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 0, stream))
     W_SWITCH(W, CALL);
 #undef CALL
 }
@@ -257,7 +278,8 @@ static void fwd_piece(const gdn_conv1d_config *c, const gdn_conv1d_args *a, int6
         const int nb = (int)(t1 - tb < SB ? t1 - tb : SB);
         if (dt == GDN_BF16 && nc == CB) {   /* one pass a row */
             const int64_t at = (bos + tb) * D + d0;
-            conv_rows_bf16_any(W, nb, (const uint16_t *)a->x + at, (uint16_t *)a->y + at, D, xb, wt, bv, c->silu);
+            conv_rows_bf16_any(W, nb, (const uint16_t *)a->x + at, (uint16_t *)a->y + at, D, xb, wt, bv, c->silu,
+                               c->B * c->T * D * 2 >= STREAM_BYTES);
             memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
             continue;
         }
@@ -306,6 +328,9 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
             }
             g = e;
         }
+#if defined(__SSE2__)
+        _mm_sfence();   /* this thread's streaming stores ordered before the loop ends */
+#endif
     }
     free(wall);
     if (!a->ht) return 0;
