@@ -23,7 +23,7 @@
  * summed in token order (fp32 over SB tokens, then fp64) and has the same
  * bits whatever the thread count; bf16 full blocks take their first pass
  * (dz, the sums) and their dx rows in one pass each (bwd_rows_bf16,
- * dx_rows_bf16). W is a compile-time
+ * dx_rows_bf16, dx streaming as y does). W is a compile-time
  * constant inside the kernels (one instance per W = 1..8). */
 #include <stdlib.h>
 #include <string.h>
@@ -193,14 +193,16 @@ INLINE void bwd_rows_bf16(const int W, int nr, const uint16_t *restrict x, const
 
 /* dx rows i < nb (bf16, full channel block) straight from the taps: dxx row
  * i = sum_w dzb[W-1+i-w] wt[w] (conv_dx's order), rounded and stored at y + i*D */
-INLINE void dx_rows_bf16(const int W, int nb, const float *restrict dzb, const float wt[WMAX][CB], uint16_t *restrict y, int64_t D) {
+INLINE void dx_rows_bf16(const int W, int nb, const float *restrict dzb, const float wt[WMAX][CB], uint16_t *restrict y, int64_t D,
+                         int stream) {
     for (int i = 0; i < nb; i++) {
-        uint16_t *o = y + (int64_t)i * D;
+        uint16_t out[CB] __attribute__((aligned(64)));
         for (int c = 0; c < CB; c++) {
             float acc = 0.f;
             for (int w = 0; w < W; w++) acc += dzb[(W - 1 + i - w) * CB + c] * wt[w][c];
-            o[c] = gdn_f32_bf16(acc);
+            out[c] = gdn_f32_bf16(acc);
         }
+        store_row_bf16(y + (int64_t)i * D, out, stream);
     }
 }
 
@@ -225,8 +227,8 @@ static void bwd_rows_bf16_any(int W, int nr, const uint16_t *x, const uint16_t *
     W_SWITCH(W, CALL);
 #undef CALL
 }
-static void dx_rows_bf16_any(int W, int nb, const float *dzb, const float wt[WMAX][CB], uint16_t *y, int64_t D) {
-#define CALL(w) dx_rows_bf16(w, nb, dzb, wt, y, D)
+static void dx_rows_bf16_any(int W, int nb, const float *dzb, const float wt[WMAX][CB], uint16_t *y, int64_t D, int stream) {
+#define CALL(w) dx_rows_bf16(w, nb, dzb, wt, y, D, stream)
     W_SWITCH(W, CALL);
 #undef CALL
 }
@@ -439,7 +441,8 @@ static void bwd_sub(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, in
         if (e0 > nb) e0 = nb;
         if (e0 > a0) {
             lo = (int)a0; hi = (int)e0;
-            dx_rows_bf16_any(W, hi - lo, dzb + lo * CB, wt, (uint16_t *)a->dx + (bos + tb + lo - (W - 1)) * D + d0, D);
+            dx_rows_bf16_any(W, hi - lo, dzb + lo * CB, wt, (uint16_t *)a->dx + (bos + tb + lo - (W - 1)) * D + d0, D,
+                             c->B * c->T * D * 2 >= STREAM_BYTES);
         }
     }
     if (hi > lo) {
@@ -519,6 +522,9 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
 #endif
         const int cb0 = (int)((int64_t)ncb * tid / m), cb1 = (int)((int64_t)ncb * (tid + 1) / m);
         if (cb1 > cb0) bwd_blocks(c, N, a, cb0, cb1, st + cb0);
+#if defined(__SSE2__)
+        _mm_sfence();   /* this thread's streaming stores (dx rows) ordered before the region ends */
+#endif
     }
     free(st);
     return 0;
