@@ -615,7 +615,7 @@ void test_conv1d(void) {
         {64, 4, GDN_F32, 1, 2, 70}, {65, 5, GDN_F16, 1, 2, 9}, {127, 4, GDN_BF16, 1, 1, 200},
         /* bf16 full channel blocks (the one-pass rows) with every W class and without SiLU */
         {2048, 2, GDN_BF16, 0, 2, 40}, {128, 7, GDN_BF16, 1, 2, 50}, {192, 1, GDN_BF16, 0, 1, 30}, {256, 8, GDN_BF16, 1, 1, 100},
-        /* bf16 y of 8.4 MB: the forward's streaming stores (STREAM_BYTES in src/cpu/conv1d.c) */
+        /* bf16 y, dx of 8.4 MB: the streaming stores (GDN_STREAM_BYTES, src/cpu/stream.h) */
         {2048, 4, GDN_BF16, 1, 1, 2050},
     };
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++, idx++) {

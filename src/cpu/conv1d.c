@@ -16,8 +16,8 @@
  * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
  * a time across all channel blocks, i.e. memory row by row; a bf16 row of a
  * full channel block goes in one pass (convert, convolve, SiLU, round,
- * store: conv_rows_bf16; outputs of STREAM_BYTES or more by streaming
- * stores), other rows through f32 row buffers. The backward
+ * store: conv_rows_bf16; outputs of GDN_STREAM_BYTES or more by streaming
+ * stores, cpu/stream.h), other rows through f32 row buffers. The backward
  * deals whole channel blocks to threads, each walking its blocks SB tokens
  * at a time across them (rows again), so every block's dweight / dbias is
  * summed in token order (fp32 over SB tokens, then fp64) and has the same
@@ -29,11 +29,9 @@
 #include <string.h>
 #include "cpu/conv1d.h"
 #include "cpu/act.h"
+#include "cpu/stream.h"
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-#if defined(__SSE2__)
-#include <emmintrin.h>
 #endif
 
 enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
@@ -74,21 +72,6 @@ static void state_row(const float *h0, int64_t n, int D, int W, int d0, int nc, 
     if (!h0) { memset(r, 0, sizeof(float) * (size_t)nc); return; }
     const float *h = h0 + ((int64_t)n * D + d0) * W + W + s;
     for (int c = 0; c < nc; c++) r[c] = h[(int64_t)c * W];
-}
-
-/* a bf16 row of a channel block (CB values, 128 bytes) to y; stream: by
- * streaming stores where 16-byte aligned (a normal store first reads each
- * line it writes; y is not read back here) */
-enum { STREAM_BYTES = 8 << 20 };   /* outputs from this size stream (past what L2 and most of L3 hold) */
-INLINE void store_row_bf16(uint16_t *restrict y, const uint16_t *restrict row, int stream) {
-#if defined(__SSE2__)
-    if (stream && ((uintptr_t)y & 15) == 0) {
-        for (int k = 0; k < CB * 2 / 16; k++) _mm_stream_si128((__m128i *)y + k, _mm_load_si128((const __m128i *)row + k));
-        return;
-    }
-#endif
-    (void)stream;
-    memcpy(y, row, CB * 2);
 }
 
 /* ---- the kernels, W fixed ---- */
@@ -157,7 +140,7 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
             if (silu) acc = acc / (1.f + gdn_expf(-acc));
             out[c] = gdn_f32_bf16(acc);
         }
-        store_row_bf16(yr, out, stream);
+        gdn_store16_row(yr, out, CB, stream);
     }
 }
 
@@ -202,7 +185,7 @@ INLINE void dx_rows_bf16(const int W, int nb, const float *restrict dzb, const f
             for (int w = 0; w < W; w++) acc += dzb[(W - 1 + i - w) * CB + c] * wt[w][c];
             out[c] = gdn_f32_bf16(acc);
         }
-        store_row_bf16(y + (int64_t)i * D, out, stream);
+        gdn_store16_row(y + (int64_t)i * D, out, CB, stream);
     }
 }
 
@@ -281,7 +264,7 @@ static void fwd_piece(const gdn_conv1d_config *c, const gdn_conv1d_args *a, int6
         if (dt == GDN_BF16 && nc == CB) {   /* one pass a row */
             const int64_t at = (bos + tb) * D + d0;
             conv_rows_bf16_any(W, nb, (const uint16_t *)a->x + at, (uint16_t *)a->y + at, D, xb, wt, bv, c->silu,
-                               c->B * c->T * D * 2 >= STREAM_BYTES);
+                               c->B * c->T * D * 2 >= GDN_STREAM_BYTES);
             memmove(xb, xb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
             continue;
         }
@@ -330,9 +313,7 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
             }
             g = e;
         }
-#if defined(__SSE2__)
-        _mm_sfence();   /* this thread's streaming stores ordered before the loop ends */
-#endif
+        gdn_stream_fence();   /* this thread's streaming stores ordered before the loop ends */
     }
     free(wall);
     if (!a->ht) return 0;
@@ -442,7 +423,7 @@ static void bwd_sub(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, in
         if (e0 > a0) {
             lo = (int)a0; hi = (int)e0;
             dx_rows_bf16_any(W, hi - lo, dzb + lo * CB, wt, (uint16_t *)a->dx + (bos + tb + lo - (W - 1)) * D + d0, D,
-                             c->B * c->T * D * 2 >= STREAM_BYTES);
+                             c->B * c->T * D * 2 >= GDN_STREAM_BYTES);
         }
     }
     if (hi > lo) {
@@ -522,9 +503,7 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
 #endif
         const int cb0 = (int)((int64_t)ncb * tid / m), cb1 = (int)((int64_t)ncb * (tid + 1) / m);
         if (cb1 > cb0) bwd_blocks(c, N, a, cb0, cb1, st + cb0);
-#if defined(__SSE2__)
-        _mm_sfence();   /* this thread's streaming stores (dx rows) ordered before the region ends */
-#endif
+        gdn_stream_fence();   /* this thread's streaming stores (dx rows) ordered before the region ends */
     }
     free(st);
     return 0;
