@@ -282,6 +282,21 @@ struct RecTok {
     }
 };
 
+/* the sum of the pairs a0 + a1 of the lanes below this one (a warp's 64
+ * values, two a lane, scanned in a fixed order: Hillis-Steele over the
+ * pairs); every lane of the warp calls it */
+template <typename S> __device__ __forceinline__ S warp_pair_scan(S a0, S a1) {
+    const int lane = threadIdx.x & 31;
+    S incl = a0 + a1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const S y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    const S ex = __shfl_up_sync(0xffffffffu, incl, 1);
+    return lane == 0 ? S(0) : ex;
+}
+
 /* gate_store's inputs per token, fetched with the record's (thread t < c
  * holding token t): the fused gate's argument x = a + dt_bias and the
  * record's g, beta's raw input for its sigmoid, and -exp(A_log); commit puts
@@ -333,14 +348,7 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
         const int lane = t & 31;
         for (int tp = t >> 5; tp < c; tp += NT / 32) {
             const S a0 = 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0), a1 = 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
-            S incl = a0 + a1;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const S y = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += y;
-            }
-            S ex = __shfl_up_sync(0xffffffffu, incl, 1);
-            if (lane == 0) ex = S(0);
+            const S ex = warp_pair_scan(a0, a1);
             ps[tp][2 * lane] = ex;
             ps[tp][2 * lane + 1] = ex + a0;
         }

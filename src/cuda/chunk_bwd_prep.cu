@@ -89,15 +89,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     }
     __syncthreads();
     if (tid < 32) {   /* the chunk cumsum in double (as the CPU's precision): a scan over warp 0, two tokens a lane */
-        const double a0 = gs[2 * tid], a1 = gs[2 * tid + 1];
-        double incl = a0 + a1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const double y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (tid >= o) incl += y;
-        }
-        double ex = __shfl_up_sync(0xffffffffu, incl, 1);
-        if (tid == 0) ex = 0.0;
+        const double a0 = gs[2 * tid], a1 = gs[2 * tid + 1], ex = warp_pair_scan(a0, a1);
         gcd[2 * tid] = ex + a0;
         gcd[2 * tid + 1] = ex + a0 + a1;
     }
