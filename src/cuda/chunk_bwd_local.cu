@@ -117,6 +117,20 @@ __device__ __forceinline__ void store_ck(const Acc<NR> &acc, int wr, int kc0, in
     for (int r = 0; r < NR; r++) gdn::warp_store(acc[r], wr, kc0 + 32 * r, 4, CC, K, epi);
 }
 
+/* the warp's c x K tiles whole (zeros past K included) to shared rows of
+ * stride ld (even), two columns a store */
+template <int NR> __device__ __forceinline__ void store_ck2(const Acc<NR> &acc, int wr, int kc0, float *dst, int ld) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int n = kc0 + 32 * r + 8 * q + 2 * t4;
+            *reinterpret_cast<float2 *>(dst + (wr + g) * ld + n) = make_float2(acc[r][q][0], acc[r][q][1]);
+            *reinterpret_cast<float2 *>(dst + (wr + g + 8) * ld + n) = make_float2(acc[r][q][2], acc[r][q][3]);
+        }
+}
+
 /* the warp's c x K tiles to rows of K floats at w (global memory), two
  * columns a store where K is even */
 template <int NR> __device__ __forceinline__ void store_rows(const Acc<NR> &acc, int wr, int kc0, int K, float *w) {
@@ -958,8 +972,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         static_assert(2 * CC * LK <= L::A, "dQc and dKc fit before the K side's arrays");
         float *dQs = sm, *dKs = sm + CC * LK;
         __syncthreads();   /* Kc, Tm, P no longer read */
-        store_ck<NR>(aXq, wr, kc0, KH, [&](int t, int i, float x) { dQs[t * LK + i] = x; });
-        store_ck<NR>(aKd, wr, kc0, KH, [&](int t, int i, float x) { dKs[t * LK + i] = x; });
+        store_ck2<NR>(aXq, wr, kc0, dQs, LK);
+        store_ck2<NR>(aKd, wr, kc0, dKs, LK);
         BP(2);
         cooperative_groups::this_cluster().sync();   /* every block's partials written and visible */
         BP(3);
