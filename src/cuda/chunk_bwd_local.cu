@@ -117,38 +117,27 @@ __device__ __forceinline__ void store_ck(const Acc<NR> &acc, int wr, int kc0, in
     for (int r = 0; r < NR; r++) gdn::warp_store(acc[r], wr, kc0 + 32 * r, 4, CC, K, epi);
 }
 
-/* the warp's c x K tiles whole (zeros past K included) to shared rows of
- * stride ld (even), two columns a store */
-template <int NR> __device__ __forceinline__ void store_ck2(const Acc<NR> &acc, int wr, int kc0, float *dst, int ld) {
+/* the warp's c x K tiles to rows of stride ld (even) at dst, two columns a
+ * store, the columns below n1 (even) */
+template <int NR> __device__ __forceinline__ void store_pairs(const Acc<NR> &acc, int wr, int kc0, float *dst, int ld, int n1) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int n = kc0 + 32 * r + 8 * q + 2 * t4;
-            *reinterpret_cast<float2 *>(dst + (wr + g) * ld + n) = make_float2(acc[r][q][0], acc[r][q][1]);
-            *reinterpret_cast<float2 *>(dst + (wr + g + 8) * ld + n) = make_float2(acc[r][q][2], acc[r][q][3]);
+            if (n < n1) {
+                *reinterpret_cast<float2 *>(dst + (wr + g) * ld + n) = make_float2(acc[r][q][0], acc[r][q][1]);
+                *reinterpret_cast<float2 *>(dst + (wr + g + 8) * ld + n) = make_float2(acc[r][q][2], acc[r][q][3]);
+            }
         }
 }
 
 /* the warp's c x K tiles to rows of K floats at w (global memory), two
  * columns a store where K is even */
 template <int NR> __device__ __forceinline__ void store_rows(const Acc<NR> &acc, int wr, int kc0, int K, float *w) {
-    if (K & 1) {
-        store_ck<NR>(acc, wr, kc0, K, [&](int t, int i, float x) { w[t * K + i] = x; });
-        return;
-    }
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int n = kc0 + 32 * r + 8 * q + 2 * t4;
-            if (n < K) {
-                *reinterpret_cast<float2 *>(w + (wr + g) * K + n) = make_float2(acc[r][q][0], acc[r][q][1]);
-                *reinterpret_cast<float2 *>(w + (wr + g + 8) * K + n) = make_float2(acc[r][q][2], acc[r][q][3]);
-            }
-        }
+    if (K & 1) store_ck<NR>(acc, wr, kc0, K, [&](int t, int i, float x) { w[t * K + i] = x; });
+    else store_pairs<NR>(acc, wr, kc0, w, K, K);
 }
 
 /* the warp's 16 x 16 tile of a c x VP panel product: rows i0, columns n0 */
@@ -972,12 +961,12 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         static_assert(2 * CC * LK <= L::A, "dQc and dKc fit before the K side's arrays");
         float *dQs = sm, *dKs = sm + CC * LK;
         __syncthreads();   /* Kc, Tm, P no longer read */
-        store_ck2<NR>(aXq, wr, kc0, dQs, LK);
-        store_ck2<NR>(aKd, wr, kc0, dKs, LK);
+        store_pairs<NR>(aXq, wr, kc0, dQs, LK, KH);   /* whole tiles (zeros past K included) */
+        store_pairs<NR>(aKd, wr, kc0, dKs, LK, KH);
         BP(2);
         cooperative_groups::this_cluster().sync();   /* every block's partials written and visible */
         BP(3);
-        if (SPLIT && p.dt == 0) cluster_qk_store<KH, SPLIT ? false : true>(p, row0, c, h, dQs, dKs, LK);   /* f32 */
+        if (SPLIT && p.dt == 0) cluster_qk_store<KH, false>(p, row0, c, h, dQs, dKs, LK);   /* f32 inputs */
         else cluster_qk_store<KH, true>(p, row0, c, h, dQs, dKs, LK);
         BP(4);
         gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
