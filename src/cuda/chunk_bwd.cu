@@ -99,11 +99,15 @@ int64_t group_slots(const gdn_plan *pl) {
 /* chunks per segment of the sequence split (chunk_bwd_split.cu), 0 = none:
  * bf16 / f16 (the segments' incoming states come from the forward's pass 1,
  * a tensor-core kernel), and only where the sweeps' blocks (sequence, value
- * head, 64 columns) would leave most SMs idle, or when asked (seq_split) */
+ * head, column block) would leave most SMs idle, or when asked (seq_split).
+ * The column block is the reverse sweep's: 128 where the shape takes the
+ * transposed sweep (SweepT, whose pointer alignment the plan cannot see: a
+ * misaligned call runs the 64-column sweep on twice the blocks), else VT */
 int split_sc(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32 || pl->N * c->HV == 0) return 0;
-    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + VT - 1) / VT));
+    const int vt = c->dtype == GDN_BF16 && c->K == 128 && c->V % 128 == 0 ? 128 : VT;
+    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + vt - 1) / vt));
 }
 
 /* segments of the split's view: every sequence cut into pieces of sc chunks (an empty one is one segment) */
@@ -199,14 +203,17 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         if (part != BACK) seg_table_launch(sv, st);
     }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
-    cudaEvent_t ev[5], eq[2];
+    cudaEvent_t ev[5], eq[2], es[4];
     float qk_ms = 0.f;
     for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
+    for (int i = 0; i < 4; i++) cudaEventCreate(&es[i]);
+#define SPHASE(i) cudaEventRecord(es[i], st)
     for (int i = 0; i < 2; i++) cudaEventCreate(&eq[i]);
     cudaEventRecord(ev[0], st);
 #define PHASE(i) cudaEventRecord(ev[i], st)
 #else
 #define PHASE(i) do { } while (0)
+#define SPHASE(i) do { } while (0)
 #endif
     if (part != BACK) slot_info_launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -224,6 +231,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     if (part != BACK) PrepPass<SPLIT>::launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
+        SPHASE(0);
         gdn_fwd_args f;
         memset(&f, 0, sizeof f);
         f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
@@ -232,6 +240,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         else if (gdn_cuda_chunk_seg_maps(pl, &f, wl.sc, ws + wl.fws, &seg_p, &seg_s, st) != GDN_OK)
             return cudaErrorLaunchFailure;
         sv.seg_p = seg_p; sv.seg_s = seg_s;
+        SPHASE(1);
         float *h0s = reinterpret_cast<float *>(ws + wl.h0s), *dhts = reinterpret_cast<float *>(ws + wl.dhts),
               *dsl = reinterpret_cast<float *>(ws + wl.dsl);
         if (part != BACK) {
@@ -240,6 +249,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.dht = dhts; q.dh0 = dsl; q.dstates = nullptr;
             SweepPass<SPLIT>::launch_bwd(q, (unsigned)(p.N * HV * p.nvt), st);
         }
+        SPHASE(2);
         if (part == FRONT) {
             seg_dht_launch(sv, dsl, dhts, nullptr, d0, st);
             return cudaGetLastError();
@@ -248,6 +258,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         seg_dht_launch(sv, dsl, dhts, E, nullptr, st);
         p.h0 = h0s; p.dht = dhts; p.dh0 = a->dh0 ? dsl : nullptr;   /* dsl is free again: the view's dh0 rows */
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        SPHASE(3);
     }
     PHASE(1);
     if (p.N > 0) {
@@ -300,10 +311,20 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
     printf("chunk_bwd phases ms: prep %.3f | fwd sweep %.3f | bwd sweep %.3f | group stage %.3f (dq, dk sums %.3f)\n", ms[0], ms[1],
            ms[2], ms[3], qk_ms);
+    if (wl.sc) {
+        float sm_[3];
+        for (int i = 0; i < 3; i++) cudaEventElapsedTime(&sm_[i], es[i], es[i + 1]);
+        float pm;
+        cudaEventElapsedTime(&pm, ev[0], es[0]);
+        printf("chunk_bwd split ms: prep pass %.3f | segment maps %.3f | segments' dS sweep %.3f | folds %.3f (sc %d, %lld segments)\n", pm,
+               sm_[0], sm_[1], sm_[2], wl.sc, (long long)wl.Ns);
+    }
     for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
+    for (int i = 0; i < 4; i++) cudaEventDestroy(es[i]);
     for (int i = 0; i < 2; i++) cudaEventDestroy(eq[i]);
 #endif
 #undef PHASE
+#undef SPHASE
     return cudaSuccess;
 }
 
