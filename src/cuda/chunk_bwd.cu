@@ -88,11 +88,13 @@ bool use_local(int K) { return k8(K) <= 128; }
 
 /* slots per group: whole slots, about 512 items for the group stage (a few
  * blocks per SM), 2048 for the chunk-local stage (one block per SM, a small
- * scratch per item) */
+ * scratch per item); all of them at once for the chunk-local stage in
+ * clusters (no scratch: one launch, one partly filled last wave) */
 int64_t group_slots(const gdn_plan *pl) {
+    const int64_t ns = nslots_of(pl);
+    if (use_local(pl->c.K) && local_cluster(pl->c.K, pl->G) && ns * pl->c.HV <= INT32_MAX) return ns;
     int64_t g = (use_local(pl->c.K) ? 2048 : 512) / pl->c.HV;
     if (g < 1) g = 1;
-    const int64_t ns = nslots_of(pl);
     return g < ns ? g : ns;
 }
 
@@ -251,11 +253,10 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         }
         SPHASE(2);
         if (part == FRONT) {
-            seg_dht_launch(sv, dsl, dhts, nullptr, d0, st);
+            seg_fold_launch(sv, false, nullptr, nullptr, dsl, dhts, nullptr, d0, st);
             return cudaGetLastError();
         }
-        seg_h0_launch(sv, a->h0, h0s, st);
-        seg_dht_launch(sv, dsl, dhts, E, nullptr, st);
+        seg_fold_launch(sv, true, a->h0, h0s, dsl, dhts, E, nullptr, st);
         p.h0 = h0s; p.dht = dhts; p.dh0 = a->dh0 ? dsl : nullptr;   /* dsl is free again: the view's dh0 rows */
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         SPHASE(3);

@@ -481,9 +481,10 @@ struct SegView {
     const float *seg_p, *seg_s;   /* the forward's pass 1: each segment's map (chunk_fwd.cu slots) */
 };
 GDN_CBWD_HIDDEN void seg_table_launch(const SegView &v, cudaStream_t st);
-GDN_CBWD_HIDDEN void seg_h0_launch(const SegView &v, const float *h0, float *h0s, cudaStream_t st);
 GDN_CBWD_HIDDEN void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st);
-GDN_CBWD_HIDDEN void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, cudaStream_t st);
+/* the h0 rows (with_h0) and the dht rows of the view, the two folds in one launch */
+GDN_CBWD_HIDDEN void seg_fold_launch(const SegView &v, bool with_h0, const float *h0, float *h0s, const float *dsl, float *dhts,
+                                     const float *E, float *d0, cudaStream_t st);
 GDN_CBWD_HIDDEN void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st);
 
 }  // namespace cbwd

@@ -5,11 +5,12 @@
  * once. What a segment needs from the others:
  *   h0 row   the state entering it: the forward's pass 1 gives each
  *            segment's map (P, S_loc; chunk_fwd.cu), folded in order from
- *            the sequence's h0 (seg_h0_kernel);
+ *            the sequence's h0 (seg_h0_block);
  *   dht row  the state gradient leaving it: a first reverse sweep over the
  *            segments (each from zero, the last from the sequence's dht)
  *            gives each one's dS at its start, carried back through the
- *            segments' P^T (seg_dht_kernel).
+ *            segments' P^T (seg_dht_block); the two folds run in one
+ *            launch (seg_fold_kernel).
  * This file: the view's tables, those folds, and dh0 back to the sequences;
  * the host side is in chunk_bwd.cu. */
 #include "cuda/chunk_bwd.cuh"
@@ -60,11 +61,11 @@ __device__ __forceinline__ int64_t fwd_slot(const SegView &v, int64_t n, int64_t
 
 /* h0 rows of the view: block per (sequence, value head, 16 columns), the
  * segments in order: x <- P x + S_loc from the sequence's h0 (or zero) */
-__global__ void __launch_bounds__(256) seg_h0_kernel(SegView v, const float *h0, float *h0s) {
+__device__ __forceinline__ void seg_h0_block(const SegView &v, const float *h0, float *h0s, int64_t b) {
     extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
     float *Ms = smf, *sx = gdn::fold_x(smf, v.K), *xn = sx + v.K * SW;
-    const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
-    const int64_t n = blockIdx.x / (nsl * v.HV);
+    const int nsl = (v.V + SW - 1) / SW, cs = (int)(b % nsl), j = (int)((b / nsl) % v.HV);
+    const int64_t n = b / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
     const bool ok = vc < V;
     const int64_t f = v.first[n], m = v.first[n + 1] - f;
@@ -99,11 +100,11 @@ __global__ void seg_dht_init_kernel(SegView v, const float *dht, float *dhts) {
  * E (context parallel's dS_out, or NULL): a gradient after the end of the
  * last sequence beyond its dht, added to D(last) and carried back with it.
  * d0 (or NULL): sequence 0's dS at its start, P_0^T D(0) + dS_loc(0). */
-__global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *dsl, float *dhts, const float *E, float *d0) {
+__device__ __forceinline__ void seg_dht_block(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, int64_t b) {
     extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
     float *Ms = smf, *sx = gdn::fold_x(smf, v.K), *xn = sx + v.K * SW;
-    const int nsl = (v.V + SW - 1) / SW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % v.HV;
-    const int64_t n = blockIdx.x / (nsl * v.HV);
+    const int nsl = (v.V + SW - 1) / SW, cs = (int)(b % nsl), j = (int)((b / nsl) % v.HV);
+    const int64_t n = b / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
     const bool ok = vc < V, e_on = E && n == v.N - 1, d_on = d0 && n == 0;
     const int64_t f = v.first[n], m = v.first[n + 1] - f;
@@ -143,6 +144,14 @@ __global__ void __launch_bounds__(256) seg_dht_kernel(SegView v, const float *ds
     }
 }
 
+/* both folds in one launch (they are independent): blocks [0, nh0) fold
+ * the h0 rows, the rest the dht rows (nh0 = 0: the dht rows alone) */
+__global__ void __launch_bounds__(256) seg_fold_kernel(SegView v, const float *h0, float *h0s, int64_t nh0, const float *dsl, float *dhts,
+                                                       const float *E, float *d0) {
+    if (blockIdx.x < nh0) seg_h0_block(v, h0, h0s, blockIdx.x);
+    else seg_dht_block(v, dsl, dhts, E, d0, blockIdx.x - nh0);
+}
+
 /* dh0 of sequence n: the view's dh0 row of its first segment */
 __global__ void seg_dh0_kernel(SegView v, const float *dh0s, float *dh0) {
     const int64_t per = (int64_t)v.HV * v.K * v.V, n_all = v.N * per;
@@ -156,18 +165,15 @@ unsigned grid_of(int64_t n) { return (unsigned)((n + 255) / 256 < 8192 ? (n + 25
 
 void seg_table_launch(const SegView &v, cudaStream_t st) { seg_table_kernel<<<1, 1, 0, st>>>(v); }
 
-void seg_h0_launch(const SegView &v, const float *h0, float *h0s, cudaStream_t st) {
-    gdn::fold_attr(seg_h0_kernel, v.K);
-    seg_h0_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), gdn::FOLD_NT, gdn::fold_smem(v.K), st>>>(v, h0, h0s);
-}
-
 void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st) {
     seg_dht_init_kernel<<<grid_of(v.Ns * v.HV * (int64_t)v.K * v.V), 256, 0, st>>>(v, dht, dhts);
 }
 
-void seg_dht_launch(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, cudaStream_t st) {
-    gdn::fold_attr(seg_dht_kernel, v.K);
-    seg_dht_kernel<<<(unsigned)(v.N * v.HV * ((v.V + SW - 1) / SW)), gdn::FOLD_NT, gdn::fold_smem(v.K), st>>>(v, dsl, dhts, E, d0);
+void seg_fold_launch(const SegView &v, bool with_h0, const float *h0, float *h0s, const float *dsl, float *dhts, const float *E,
+                     float *d0, cudaStream_t st) {
+    gdn::fold_attr(seg_fold_kernel, v.K);
+    const int64_t nb = v.N * v.HV * ((v.V + SW - 1) / SW), nh0 = with_h0 ? nb : 0;
+    seg_fold_kernel<<<(unsigned)(nh0 + nb), gdn::FOLD_NT, gdn::fold_smem(v.K), st>>>(v, h0, h0s, nh0, dsl, dhts, E, d0);
 }
 
 void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st) {
