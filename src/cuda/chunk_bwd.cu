@@ -12,11 +12,8 @@
  * inputs from K = 16, which take one tf32 product (their gradients are
  * stored in 16 bits), and bf16 with K = 128, whose reverse sweep, local
  * walk over V and prep products are bf16 wgmma with every inexact operand
- * split into hi + lo halves (~16 bits kept; q, k, v, dO exact), but for the
- * states and state gradients the walk reads: the sweeps carry them in fp32
- * and store bf16 copies (p.st16; FLA's h and dh are bf16 throughout), half
- * the bytes of the two largest arrays and of the walk's products with them;
- * the rest fp32 / double as the CPU.
+ * split into hi + lo halves (~16 bits kept; q, k, v, dO exact); the rest
+ * fp32 / double as the CPU.
  * Chunks are addressed by a slot: chunk i of sequence n (bos, len) is slot
  * floor(bos / 64) + n + i, injective and < B*T/64 + N + 1 (the forward's
  * record count), so per-chunk arrays need no host-side index.
@@ -35,8 +32,7 @@
  *               current one computes (bf16 / f16, K <= 128, aligned). For
  *               bf16 with K = 128 and V in 128-column blocks the reverse
  *               sweep is chunk_bwd_sweep_t.cu instead: dS^T in registers as
- *               the wgmma A operand, hi + lo bf16 operands; with the
- *               forward's state kernel it stores bf16 copies (p.st16).
+ *               the wgmma A operand, hi + lo bf16 operands.
  *   local stage K <= 128: one block per (slot, j) runs chunk_backward of
  *               chunk_bwd.c with its tiles in shared memory and its sums
  *               over V in registers (chunk_bwd_local.cu; for bf16 with
@@ -188,7 +184,7 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     gdn_fwd_args f;
     memset(&f, 0, sizeof f);
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
-    return gdn_cuda_chunk_states(&fv, &f, ws + wl.dstates, p.states, p.st16, st);
+    return gdn_cuda_chunk_states(&fv, &f, ws + wl.dstates, p.states, st);
 }
 
 cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st,
@@ -268,16 +264,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     PHASE(1);
     if (p.N > 0) {
         const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
-        /* bf16 copies of the states for the wgmma chunk-local stage, where
-         * both sweeps are the transposed ones (the forward's state kernel
-         * may still decline: then fp32 from fwd_sweep, and the other stage) */
-        p.st16 = one && local && st16_ok(p) && SweepT::takes(p);
         const int fs = fwd_states(pl, a, p, wl, ws, st);
         if (fs < 0) return cudaErrorLaunchFailure;
-        if (fs == 0) {
-            p.st16 = 0;
-            SweepPass<SPLIT>::launch_fwd(p, blocks, st);
-        }
+        if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
         SweepPass<SPLIT>::launch_bwd(p, blocks, st);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -363,7 +352,6 @@ BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
     p.nvt = (c->V + VT - 1) / VT;
     p.scale = c->scale; p.flags = c->flags;
-    p.st16 = 0;
     return p;
 }
 

@@ -46,11 +46,6 @@ struct BwdArgs {
     int64_t *slot_row0;
     int *slot_c;
     float *rec, *states, *dstates;
-    /* states and dstates hold bf16 copies (rounded from the sweeps' fp32),
-     * [slot][HV][K][V] as the fp32 ones: the wgmma chunk-local stage's input
-     * (bf16, K = 128; st16_ok), written by the forward's state kernel and the
-     * transposed reverse sweep */
-    int st16;
     double *part;   /* [2][nslots*HV]: dA_log, ddt_bias partials */
 };
 
@@ -474,12 +469,6 @@ template <bool SPLIT> struct GDN_CBWD_HIDDEN LocalPass {
     static cudaError_t attr(int K);
     static void launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
 };
-/* chunk_bwd_local.cu: the shape and pointers the wgmma chunk-local stage
- * takes (bf16, K = 128, V in 64-column panels, 16-byte rows); it reads bf16
- * states (p.st16), so the run sets st16 only where the reverse sweep is
- * SweepT's too and the forward's state kernel took them; LocalPass<false>
- * launches it exactly when p.st16 */
-GDN_CBWD_HIDDEN bool st16_ok(const BwdArgs &p);
 GDN_CBWD_HIDDEN void dparam_launch(const BwdArgs &p, cudaStream_t st);
 /* chunk_bwd_split.cu: the sequence split's segmented view (N sequences of
  * the caller cut into Ns segments of sc chunks) and its folds */

@@ -301,10 +301,8 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
 
 /* ---- the V walk on wgmma (bf16, K = 128, V % 64 == 0; vside_wg) ----
  * The same sums as the walk of local_kernel, with the chunk's tiles as bf16
- * operands of wgmma from shared memory: k, v, dO raw (exact), S0 and dS as
- * the sweeps' bf16 copies (p.st16; a panel copied by cp.async while the one
- * before it is worked on), Tm, P, X, U, dU as hi + lo halves. Each panel of
- * 64 columns:
+ * operands of wgmma from shared memory: k, v, dO raw (exact), S0, dS, Tm,
+ * P, X, U, dU as hi + lo halves. Each panel of 64 columns:
  *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
  *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)
  *   U = Tm X (warpgroup 0; into X's place), dBv = Tm^T dU (warpgroup 1: dv, dbeta)
@@ -326,8 +324,7 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int Kr = 0;                   /* k raw: [cols 0-63][cols 64-127], 64 rows each */
     static constexpr int Th = 16384, Tl = 24576;   /* Tm rows t (hi, lo) */
     static constexpr int Ph = 32768, Pl = 40960;   /* P rows s (query), as stored in the record */
-    /* S0, dS of a panel: 128 rows (k) of its 64 columns; two buffers of each (panels alternate) */
-    static constexpr int S0a = 49152, S0b = 65536, dSa = 81920, dSb = 98304;
+    static constexpr int S0h = 49152, S0l = 65536, dSh = 81920, dSl = 98304;   /* 128 rows (k) of the panel */
     static constexpr int Vr = 114688, Or = 122880;  /* v, dO raw: the panel's columns, rows t */
     static constexpr int Xh = 131072, Xl = 139264;  /* X, then U */
     static constexpr int dUh = 147456, dUl = 155648;
@@ -352,40 +349,18 @@ __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
         stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
-/* x = K B for a panel B (128 rows of k, 64 columns, bf16) at b (MN-major),
- * K raw: eight k16 steps */
-__device__ __forceinline__ void k_times(float *x, const char *vb, int b) {
+/* x = K B for a panel B (128 rows of k, 64 columns) at bh, bl (hi, lo;
+ * MN-major), K raw: eight k16 steps, hi and lo each */
+__device__ __forceinline__ void k_times(float *x, const char *vb, int bh, int bl) {
     cfwd::wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-        wss64<0, 1>(x, vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), vdesc(vb + b + kk * 2048), kk);
+    for (int kk = 0; kk < 8; kk++) {
+        const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
+        wss64<0, 1>(x, da, vdesc(vb + bh + kk * 2048), kk);
+        wss64<0, 1>(x, da, vdesc(vb + bl + kk * 2048), 1);
+    }
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
-}
-/* the S0, dS rows of the panel at v0 (bf16, 128 B each) into buffer pair b
- * by cp.async, in the 128-byte swizzle; thread t's pieces u (S0) and u + 4
- * (dS) are the same elements (state_dots reads them back) */
-__device__ __forceinline__ void fetch_states(const __nv_bfloat16 *S0g, const __nv_bfloat16 *dSg, int V, int v0, char *vb, int b) {
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int e = threadIdx.x + u * NT, m = e >> 10, r = (e >> 3) & 127, ch = e & 7;
-        gdn::cp16(vb + (m ? (b ? VS::dSb : VS::dSa) : (b ? VS::S0b : VS::S0a)) + swz(r, ch * 8), (m ? dSg : S0g) + (int64_t)r * V + v0 + ch * 8,
-                  true);
-    }
-}
-/* the sum of S0 dS over this thread's pieces of buffer pair b (its own
- * copies: visible to it once they are waited for) */
-__device__ __forceinline__ float state_dots(const char *vb, int b, float tot) {
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int e = threadIdx.x + u * NT, r = (e >> 3) & 127, ch = e & 7, at = swz(r, ch * 8);
-        const uint4 a = *reinterpret_cast<const uint4 *>(vb + (b ? VS::S0b : VS::S0a) + at);
-        const uint4 d = *reinterpret_cast<const uint4 *>(vb + (b ? VS::dSb : VS::dSa) + at);
-        const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {d.x, d.y, d.z, d.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) tot = fmaf(WM::lo(x[i]), WM::lo(y[i]), fmaf(WM::hi(x[i]), WM::hi(y[i]), tot));
-    }
-    return tot;
 }
 /* x = Tm B (TT = 0) or Tm^T B (TT = 1) for a 64 x 64 block B at bh, bl (hi,
  * lo; MN-major: rows are k): hi hi + hi lo + lo hi over four k16 steps */
@@ -415,8 +390,8 @@ __device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
  * 1024-byte aligned. Every thread calls it; it starts and ends without a
  * barrier (the caller's). */
 template <typename AccT>
-__device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, int j, int h, const float *rec, const __nv_bfloat16 *S0g,
-                                         const __nv_bfloat16 *dSg, const float *gam, const float *bet, const float *ek, float *dbt, char *vb,
+__device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, int j, int h, const float *rec, const float *S0g,
+                                         const float *dSg, const float *gam, const float *bet, const float *ek, float *dbt, char *vb,
                                          AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot) {
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
     const int g = lane >> 2, tq = lane & 3, V = p.V;
@@ -428,8 +403,6 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         const __nv_bfloat16 *src = static_cast<const __nv_bfloat16 *>(p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)128 + c16 * 8;
         gdn::cp16(vb + VS::Kr + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), src, in);
     }
-    gdn::cp_commit();
-    fetch_states(S0g, dSg, V, 0, vb, 0);   /* the first panel's */
     gdn::cp_commit();
     {
         Mat64 mt, mp;
@@ -450,9 +423,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
     }
     float db0 = 0.f, db1 = 0.f;   /* warpgroup 1: dBv . v of rows 16 wl + g, + 8 */
     const int t0 = 16 * wl + g, t1 = t0 + 8;
-    for (int v0 = 0, pb = 0; v0 < V; v0 += WVP, pb ^= 1) {
-        const int S0p = pb ? VS::S0b : VS::S0a, dSp = pb ? VS::dSb : VS::dSa;
-        __syncthreads();   /* the last panel's operands (its S0, dS: the other buffers) are no longer read */
+    for (int v0 = 0; v0 < V; v0 += WVP) {
+        __syncthreads();   /* the last panel's operands are no longer read */
         for (int e = tid; e < 2 * CC * 8; e += NT) {   /* v and dO rows, the panel's columns */
             const int m = e >> 9, r = (e >> 3) & 63, ch = e & 7;
             const bool in = r < c;
@@ -461,15 +433,28 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             gdn::cp16(vb + (m ? VS::Or : VS::Vr) + swz(r, ch * 8), src, in);
         }
         gdn::cp_commit();
-        if (v0 + WVP < V) fetch_states(S0g, dSg, V, v0 + WVP, vb, pb ^ 1);   /* the next panel's, in flight through this one */
-        gdn::cp_commit();
-        gdn::cp_wait_group<1>();   /* all but the next panel's states */
-        tot = state_dots(vb, pb, tot);
+        {   /* S0 and dS rows of the panel as hi + lo; the sum of S0 dS */
+            float4 a[8], b[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = tid + u * NT, i = e >> 4, q = e & 15;
+                a[u] = *reinterpret_cast<const float4 *>(S0g + (int64_t)i * V + v0 + 4 * q);
+                b[u] = *reinterpret_cast<const float4 *>(dSg + (int64_t)i * V + v0 + 4 * q);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
+                tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
+                put_hilo4(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
+                put_hilo4(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
+            }
+        }
+        gdn::cp_wait_all();
         cfwd::fence_async_smem();
         __syncthreads();
         float x[32];
         if (cg == 0) {   /* X = beta v - xs K S0 */
-            k_times(x, vb, S0p);
+            k_times(x, vb, VS::S0h, VS::S0l);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -481,7 +466,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                 }
             store_hilo(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
-            k_times(x, vb, dSp);
+            k_times(x, vb, VS::dSh, VS::dSl);
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
             for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
@@ -527,11 +512,15 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             const uint64_t uh = vdesc(vb + VS::Xh + kk * 32), ul = vdesc(vb + VS::Xl + kk * 32);
             const uint64_t oh = vdesc(vb + VS::Or + kk * 32);
             const uint64_t duh = vdesc(vb + VS::dUh + kk * 32), dul = vdesc(vb + VS::dUl + kk * 32);
-            const uint64_t sh = vdesc(vb + S0p + cg * 8192 + kk * 32), dh = vdesc(vb + dSp + cg * 8192 + kk * 32);
+            const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), sl = vdesc(vb + VS::S0l + cg * 8192 + kk * 32);
+            const uint64_t dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32), dl = vdesc(vb + VS::dSl + cg * 8192 + kk * 32);
             wss64<0, 0>(&aKd[0][0][0], uh, dh, 1);
+            wss64<0, 0>(&aKd[0][0][0], uh, dl, 1);
             wss64<0, 0>(&aKd[0][0][0], ul, dh, 1);
             wss64<0, 0>(&aXq[0][0][0], oh, sh, 1);
+            wss64<0, 0>(&aXq[0][0][0], oh, sl, 1);
             wss64<0, 0>(&aWk[0][0][0], duh, sh, 1);
+            wss64<0, 0>(&aWk[0][0][0], duh, sl, 1);
             wss64<0, 0>(&aWk[0][0][0], dul, sh, 1);
             const uint64_t ush = vdesc(vb + VS::Xh + cg * 4096 + kk * 32), usl = vdesc(vb + VS::Xl + cg * 4096 + kk * 32);
             const uint64_t vr = vdesc(vb + VS::Vr + cg * 4096 + kk * 32);
@@ -746,8 +735,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     if constexpr (WG) {
         static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
         char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
-        vside_wg(p, row0, c, j, h, rec, reinterpret_cast<const __nv_bfloat16 *>(p.states) + so,
-                 reinterpret_cast<const __nv_bfloat16 *>(p.dstates) + so, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot);
+        vside_wg(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot);
         BP(1);
         /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
          * still in shared memory (hi + lo: the K side rounds to tf32), read
@@ -1036,13 +1024,11 @@ template <typename Kern> void launch_items(Kern k, const BwdArgs &p, const Grp &
     }
     cudaLaunchKernelEx(&cfg, k, p, G);
 }
-bool st16_ok(const BwdArgs &p) {
-    return p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv);
-}
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
     if (k8(p.K) <= 64) launch_items(local_kernel<SPLIT, 64, false>, p, G, items, local_smem<64>(), st);
-    else if (!SPLIT && p.st16) launch_items(local_kernel<SPLIT, 128, !SPLIT>, p, G, items, local_smem<128>(), st);   /* bf16 states: st16_ok */
+    else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
+        launch_items(local_kernel<SPLIT, 128, !SPLIT>, p, G, items, local_smem<128>(), st);   /* vside_wg_ok */
     else launch_items(local_kernel<SPLIT, 128, false>, p, G, items, local_smem<128>(), st);
 }
 template struct LocalPass<true>;

@@ -5,7 +5,7 @@
  *
  * Per chunk, in reverse (bwd_sweep of chunk_bwd_sweep.cu, transposed; the
  * rows of dS^T are this warpgroup's 64 columns of V):
- *   dstates[slot] = dS                      (bf16 copies where p.st16)
+ *   dstates[slot] = dS
  *   Z^T  = dS^T K^T                         (dS as hi + lo)
  *   dU^T = Z^T diag(ek rk) + dO^T P         (P as hi + lo; dO exact)
  *   Y^T  = dU^T Tm                          (dU and Tm as hi + lo: three products)
@@ -127,22 +127,12 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         cfwd::fence_async_smem();
         __syncthreads();   /* stage sl is in; the other stage and the operands of the last chunk are free */
         if (ci > 0) fetch(ci - 1, sl ^ 1);
-        if (p.dstates) {   /* dS leaving chunk ci, this thread's part (bf16 copies with p.st16) */
-            const int64_t so = ((sb + ci) * p.HV + j) * (int64_t)K * V;
-            if (p.st16) {
-                __nv_bfloat16 *sd = reinterpret_cast<__nv_bfloat16 *>(p.dstates) + so;
+        if (p.dstates) {   /* dS leaving chunk ci, this thread's part */
+            float *sd = p.dstates + ((sb + ci) * p.HV + j) * (int64_t)K * V;
 #pragma unroll
-                for (int i = 0; i < 16; i++)
+            for (int i = 0; i < 16; i++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sd[(int64_t)(8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = __float2bfloat16_rn(st[4 * i + e]);
-            } else {
-                float *sd = p.dstates + so;
-#pragma unroll
-                for (int i = 0; i < 16; i++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sd[(int64_t)(8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
-            }
+                for (int e = 0; e < 4; e++) sd[(int64_t)(8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
         }
         BP(0);
         /* Tm and P into their blocked hi / lo operands; the per-token scales */

@@ -160,7 +160,6 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.scale = c->scale; p.flags = c->flags;
     p.sc = sc;
     p.states = nullptr;
-    p.states16 = 0;
     const WsLayout wl = ws_layout(pl, sc);
     p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
     p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
@@ -197,15 +196,14 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
 
 extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl) { return ws_layout(pl, 0).total; }
 
-extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, void *states, int states16, void *stream) {
+extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, float *states, void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
     gdn_fwd_args b = *a;
     b.o = nullptr; b.ht = nullptr; b.saved = nullptr;   /* the rstd recomputed, nothing of the caller's written */
     ChunkArgs p = args_of(pl, &b, 0, ws);
-    p.states = static_cast<float *>(states);
-    p.states16 = states16;
+    p.states = states;
     const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk states launch: %s", cudaGetErrorString(e)), -1;

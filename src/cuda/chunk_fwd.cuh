@@ -40,10 +40,8 @@ struct ChunkArgs {
     int tma;   /* the tensor maps of q, k, v are valid (else every chunk comes by cp.async) */
     float *seg_s, *seg_p, *seg_in;   /* [segment slot][HV] x (K x V, K x K, K x V), k-first */
     /* the backward's states: each chunk's entering state, [slot][HV][K][V]
-     * k-first, fp32 or (states16) rounded to bf16, and no o (the transposed
-     * state kernel only; else NULL) */
+     * fp32 k-first, and no o (the transposed state kernel only; else NULL) */
     float *states;
-    int states16;
 };
 
 /* ---- tensor-core primitives ---- */

@@ -134,27 +134,15 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
-        if (ST) {   /* the state entering chunk i, this thread's part, by 32-byte (bf16: 16-byte) row pieces */
-            const int64_t so = (slot_of(bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
-            if (p.states16) {
-                __nv_bfloat16 *sd = reinterpret_cast<__nv_bfloat16 *>(p.states) + so;
+        if (ST) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
+            float *sd = p.states + (slot_of(bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
 #pragma unroll
-                for (int q = 0; q < 16; q++)
+            for (int q = 0; q < 16; q++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-                        if (vc < ncols) sd[(int64_t)kr * p.V + vc] = __float2bfloat16_rn(st[4 * q + e]);
-                    }
-            } else {
-                float *sd = p.states + so;
-#pragma unroll
-                for (int q = 0; q < 16; q++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-                        if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
-                    }
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                    if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
+                }
         }
         mb_wait(full + sl, par);
         TPROF(0);

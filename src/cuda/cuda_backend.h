@@ -60,12 +60,11 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
 /* the chunk backward's states from the chunk forward's state kernel (the
  * transposed form: bf16 / f16, K = 128, V in 128-column blocks, TMA-able
  * tensors; whole sequences of the plan, h0 where given): the state entering
- * each chunk into states ([slot][HV][K][V] k-first, slot = bos / 64 + n + i;
- * fp32, or rounded to bf16 with states16), no o or ht, over a workspace of
- * gdn_cuda_chunk_states_ws bytes.
+ * each chunk into states ([slot][HV][K][V] fp32 k-first, slot = bos / 64 + n
+ * + i), no o or ht, over a workspace of gdn_cuda_chunk_states_ws bytes.
  * 1: queued; 0: not this shape (nothing queued); -1: a launch failed */
 size_t gdn_cuda_chunk_states_ws(const gdn_plan *p);
-int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, void *ws, void *states, int states16, void *stream);
+int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, void *ws, float *states, void *stream);
 /* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
 void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
