@@ -26,6 +26,14 @@ static void *dev_put(const void *h, size_t n) {
     return d;
 }
 static void dev_get(void *h, const void *d, size_t n) { if (n) cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost); }
+/* dev_put `off` bytes into a fresh buffer (off = one 16-bit element: rows no longer 16-byte aligned); *base to free */
+static void *dev_put_at(const void *h, size_t n, size_t off, void **base) {
+    *base = NULL;
+    if (cudaMalloc(base, n + off + 16) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); exit(1); }
+    char *d = (char *)*base + off;
+    if (n) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    return d;
+}
 
 static const gdn_exec cuda_ex = {GDN_BACKEND_CUDA, NULL, 0, 0};
 
@@ -237,6 +245,7 @@ typedef struct bcase {
     int h0, dht, dh0, dtb;
     int graph;
     int split;   /* gdn_exec.seq_split of the device calls */
+    int mis;     /* dout one element into its buffer (q, k, v must be aligned for the forward): the backward's unaligned paths */
 } bcase;
 
 static double logsig(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
@@ -253,9 +262,9 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
     if (tc->nseq) { B = 1; T = 0; for (int i = 0; i < tc->nseq; i++) { T += tc->lens[i]; cu[i + 1] = T; } }
     const int64_t N = tc->nseq ? tc->nseq : B;
     snprintf(ctx, sizeof ctx, "op=chunk_bwd backend=cuda B%lld T%lld H%d HV%d K%d V%d nseq=%d dtype=%s gate_dtype=%s flags=%s "
-             "g=%d beta=%d h0=%d dht=%d dh0=%d dt_bias=%d seq_split=%d seed=%llu", (long long)B, (long long)T, H, HV, K, V,
+             "g=%d beta=%d h0=%d dht=%d dh0=%d dt_bias=%d seq_split=%d%s seed=%llu", (long long)B, (long long)T, H, HV, K, V,
              tc->nseq, t_dtype_name(tc->dt), t_dtype_name(tc->gdt), fl, tc->gmode, tc->beta_mode, tc->h0, tc->dht, tc->dh0,
-             tc->dtb, tc->split, (unsigned long long)seed);
+             tc->dtb, tc->split, tc->mis ? " misaligned" : "", (unsigned long long)seed);
     gdn_exec bex = cuda_ex;   /* the backward's */
     bex.seq_split = tc->split;
     const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
@@ -338,8 +347,10 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
     }
 
     /* the device: inputs, the forward (saved rstd), then the backward twice (and from a graph) */
-    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz), *ddo = dev_put(dout, nv * dsz),
-         *dg_ = dev_put(g, ng * gsz), *db_ = dev_put(b, ng * gsz), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
+    void *bdo;
+    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz),
+         *ddo = dev_put_at(dout, nv * dsz, tc->mis ? dsz : 0, &bdo), *dg_ = dev_put(g, ng * gsz), *db_ = dev_put(b, ng * gsz),
+         *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
          *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns), *dcu = dev_put(cu, 8 * (size_t)(tc->nseq + 1));
     if (tc->nseq) c.cu_seqlens_dev = dcu;
     const size_t wf = gdn_chunk_fwd_workspace_size(&cuda_ex, &c), wb = gdn_chunk_bwd_workspace_size(&bex, &c);
@@ -431,7 +442,7 @@ static void bwd_case(const bcase *tc, uint64_t seed) {
     }
     for (int run = 0; run < 3; run++)
         for (int i = 0; i < 8; i++) { cudaFree(outs[run][i]); free(hbuf[run][i]); }
-    void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dcu, dsv, dwsf, dwsb, dO};
+    void *dev[] = {dq_, dk_, dv_, bdo, dg_, db_, dA, ddt, dh0in, ddht, dcu, dsv, dwsf, dwsb, dO};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < 8; i++) { free(rf[i]); free(cpu_out[i]); }
     free(dh0_t2);
@@ -547,11 +558,14 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .flags = fsets[fi], .gmode = fi % 3, .h0 = fi % 2, .dht = 1, .dh0 = 1, .dtb = 1, .graph = fi == 5 && di == 2};
             bwd_case(&tc, rng_u64(r));
         }
-    /* the same with K = V = 128 in bf16 (the wgmma kernels: prep, the transposed reverse sweep, the walk over V) */
-    for (int fi = 0; fi < 4; fi++) {
+    /* the same with K = V = 128 in bf16 (the wgmma kernels: prep, the transposed reverse sweep, the walk over V);
+     * the last two with dO misaligned: the 64-column reverse sweep and the chunk-local kernel without wgmma
+     * at the same shape, whole sequences and cut into segments */
+    for (int fi = 0; fi < 6; fi++) {
         if (g_quick && fi % 2) continue;
         bcase tc = {.H = 1, .HV = 2 + 2 * (fi & 1), .K = 128, .V = 128, .lens = lens, .nseq = 8, .dt = GDN_BF16, .gdt = GDN_F32,
-                    .flags = fsets[2 * fi + 1], .gmode = fi % 3, .h0 = fi != 2, .dht = 1, .dh0 = 1, .dtb = 1};
+                    .flags = fsets[(2 * fi + 1) % 8], .gmode = fi % 3, .h0 = fi != 2, .dht = 1, .dh0 = 1, .dtb = 1,
+                    .mis = fi >= 4, .split = fi == 5 ? 3 : 0};
         bwd_case(&tc, rng_u64(r));
     }
     /* sequences split into segments that both sweeps walk at once (bf16 / f16; f32 walks whole sequences):
