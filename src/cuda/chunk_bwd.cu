@@ -12,10 +12,8 @@
  * inputs from K = 16, which take one tf32 product (their gradients are
  * stored in 16 bits), and bf16 with K = 128, whose reverse sweep, local
  * walk over V and prep products are bf16 wgmma with every inexact operand
- * split into hi + lo halves (~16 bits kept; q, k, v, dO exact), but for the
- * states and state gradients in the walk's products, rounded to bf16 (as
- * FLA's h and dh; their sum S0 . dS from fp32); the rest fp32 / double as
- * the CPU.
+ * split into hi + lo halves (~16 bits kept; q, k, v, dO exact); the rest
+ * fp32 / double as the CPU.
  * Chunks are addressed by a slot: chunk i of sequence n (bos, len) is slot
  * floor(bos / 64) + n + i, injective and < B*T/64 + N + 1 (the forward's
  * record count), so per-chunk arrays need no host-side index.

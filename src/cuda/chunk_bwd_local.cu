@@ -301,10 +301,8 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
 
 /* ---- the V walk on wgmma (bf16, K = 128, V % 64 == 0; vside_wg) ----
  * The same sums as the walk of local_kernel, with the chunk's tiles as bf16
- * operands of wgmma from shared memory: k, v, dO raw (exact), S0 and dS
- * rounded to bf16 (one product each; their sum S0 . dS, which the last
- * token's gate gradient takes and which can cancel, from the fp32 values),
- * Tm, P, X, U, dU as hi + lo halves. Each panel of 64 columns:
+ * operands of wgmma from shared memory: k, v, dO raw (exact), S0, dS, Tm,
+ * P, X, U, dU as hi + lo halves. Each panel of 64 columns:
  *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
  *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)
  *   U = Tm X (warpgroup 0; into X's place), dBv = Tm^T dU (warpgroup 1: dv, dbeta)
@@ -326,7 +324,7 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int Kr = 0;                   /* k raw: [cols 0-63][cols 64-127], 64 rows each */
     static constexpr int Th = 16384, Tl = 24576;   /* Tm rows t (hi, lo) */
     static constexpr int Ph = 32768, Pl = 40960;   /* P rows s (query), as stored in the record */
-    static constexpr int S0h = 49152, dSh = 81920;  /* 128 rows (k) of the panel, bf16 (16 KB each; 16 KB free after each) */
+    static constexpr int S0h = 49152, S0l = 65536, dSh = 81920, dSl = 98304;   /* 128 rows (k) of the panel */
     static constexpr int Vr = 114688, Or = 122880;  /* v, dO raw: the panel's columns, rows t */
     static constexpr int Xh = 131072, Xl = 139264;  /* X, then U */
     static constexpr int dUh = 147456, dUl = 155648;
@@ -351,13 +349,16 @@ __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
         stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
-/* x = K B for a panel B (128 rows of k, 64 columns, bf16) at b (MN-major),
- * K raw: eight k16 steps */
-__device__ __forceinline__ void k_times(float *x, const char *vb, int b) {
+/* x = K B for a panel B (128 rows of k, 64 columns) at bh, bl (hi, lo;
+ * MN-major), K raw: eight k16 steps, hi and lo each */
+__device__ __forceinline__ void k_times(float *x, const char *vb, int bh, int bl) {
     cfwd::wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-        wss64<0, 1>(x, vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), vdesc(vb + b + kk * 2048), kk);
+    for (int kk = 0; kk < 8; kk++) {
+        const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
+        wss64<0, 1>(x, da, vdesc(vb + bh + kk * 2048), kk);
+        wss64<0, 1>(x, da, vdesc(vb + bl + kk * 2048), 1);
+    }
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
@@ -432,7 +433,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             gdn::cp16(vb + (m ? VS::Or : VS::Vr) + swz(r, ch * 8), src, in);
         }
         gdn::cp_commit();
-        {   /* S0 and dS rows of the panel rounded to bf16; the sum of S0 dS in fp32 */
+        {   /* S0 and dS rows of the panel as hi + lo; the sum of S0 dS */
             float4 a[8], b[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
@@ -444,8 +445,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             for (int u = 0; u < 8; u++) {
                 const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
                 tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
-                *reinterpret_cast<uint2 *>(vb + VS::S0h + at) = make_uint2(WM::pack(a[u].x, a[u].y), WM::pack(a[u].z, a[u].w));
-                *reinterpret_cast<uint2 *>(vb + VS::dSh + at) = make_uint2(WM::pack(b[u].x, b[u].y), WM::pack(b[u].z, b[u].w));
+                put_hilo4(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
+                put_hilo4(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
             }
         }
         gdn::cp_wait_all();
@@ -453,7 +454,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         __syncthreads();
         float x[32];
         if (cg == 0) {   /* X = beta v - xs K S0 */
-            k_times(x, vb, VS::S0h);
+            k_times(x, vb, VS::S0h, VS::S0l);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -465,7 +466,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                 }
             store_hilo(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
-            k_times(x, vb, VS::dSh);
+            k_times(x, vb, VS::dSh, VS::dSl);
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
             for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
@@ -511,11 +512,15 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             const uint64_t uh = vdesc(vb + VS::Xh + kk * 32), ul = vdesc(vb + VS::Xl + kk * 32);
             const uint64_t oh = vdesc(vb + VS::Or + kk * 32);
             const uint64_t duh = vdesc(vb + VS::dUh + kk * 32), dul = vdesc(vb + VS::dUl + kk * 32);
-            const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32);
+            const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), sl = vdesc(vb + VS::S0l + cg * 8192 + kk * 32);
+            const uint64_t dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32), dl = vdesc(vb + VS::dSl + cg * 8192 + kk * 32);
             wss64<0, 0>(&aKd[0][0][0], uh, dh, 1);
+            wss64<0, 0>(&aKd[0][0][0], uh, dl, 1);
             wss64<0, 0>(&aKd[0][0][0], ul, dh, 1);
             wss64<0, 0>(&aXq[0][0][0], oh, sh, 1);
+            wss64<0, 0>(&aXq[0][0][0], oh, sl, 1);
             wss64<0, 0>(&aWk[0][0][0], duh, sh, 1);
+            wss64<0, 0>(&aWk[0][0][0], duh, sl, 1);
             wss64<0, 0>(&aWk[0][0][0], dul, sh, 1);
             const uint64_t ush = vdesc(vb + VS::Xh + cg * 4096 + kk * 32), usl = vdesc(vb + VS::Xl + cg * 4096 + kk * 32);
             const uint64_t vr = vdesc(vb + VS::Vr + cg * 4096 + kk * 32);
