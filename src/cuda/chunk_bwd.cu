@@ -8,12 +8,12 @@
  * The CUDA chunked backward (gdn_chunk_bwd), version 4: the math and the
  * arithmetic choices of the CPU backward (src/cpu/chunk_bwd.c,
  * src/cpu/chunk.h), every product on the tensor cores (src/cuda/mma_tf32.cuh)
- * as 3xTF32 (fp32 accuracy), except the chunk-local stage's for bf16 / f16
- * inputs from K = 16, which take one tf32 product (their gradients are
- * stored in 16 bits), and bf16 with K = 128, whose reverse sweep, local
- * walk over V and prep products are bf16 wgmma with every inexact operand
- * split into hi + lo halves (~16 bits kept; q, k, v, dO exact); the rest
- * fp32 / double as the CPU.
+ * as 3xTF32 (fp32 accuracy), except the chunk-local and group stages' for
+ * bf16 / f16 inputs from K = 16, which take one tf32 product (their
+ * gradients are stored in 16 bits), and bf16 with K = 128, whose reverse
+ * sweep, local walk over V and prep products are bf16 wgmma with every
+ * inexact operand split into hi + lo halves (~16 bits kept; q, k, v, dO
+ * exact); the rest fp32 / double as the CPU.
  * Chunks are addressed by a slot: chunk i of sequence n (bos, len) is slot
  * floor(bos / 64) + n + i, injective and < B*T/64 + N + 1 (the forward's
  * record count), so per-chunk arrays need no host-side index.
@@ -219,17 +219,19 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
 #endif
     if (part != BACK) slot_info_launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    /* every product as 3xTF32 (fp32 accuracy), but the chunk-local stage's
-     * for bf16 / f16 from K = 16. One tf32 product is not enough at tiny K:
-     * dk through the L2 norm at K = 1 cancels the tf32 rounding of dKc up to
-     * 1.5e-2 of the result (bound 1e-2) */
+    /* every product as 3xTF32 (fp32 accuracy), but the chunk-local (or
+     * group) stage's for bf16 / f16 from K = 16. One tf32 product is not
+     * enough at tiny K: dk through the L2 norm at K = 1 cancels the tf32
+     * rounding of dKc up to 1.5e-2 of the result (bound 1e-2) */
     constexpr bool SPLIT = true;
-    /* the chunk-local stage with one tf32 product for bf16 / f16 inputs from K = 16 */
+    /* the chunk-local and group stages with one tf32 product for bf16 / f16 inputs from K = 16 */
     const bool one = p.dt != 0 && K >= 16;
     if ((e = PrepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
     if ((e = SweepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
     const bool local = use_local(K);
-    if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K)) : GrpPass<SPLIT>::attr(K, V)) != cudaSuccess) return e;
+    if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K))
+                   : (one ? GrpPass<false>::attr(K, V) : GrpPass<SPLIT>::attr(K, V))) != cudaSuccess)
+        return e;
     if (part != BACK) PrepPass<SPLIT>::launch(p, st);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
@@ -293,7 +295,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             qk_ms += qms;
 #endif
         } else {
-            GrpPass<SPLIT>::launch(p, G, s1 - s0, st);
+            if (one) GrpPass<false>::launch(p, G, s1 - s0, st);
+            else GrpPass<SPLIT>::launch(p, G, s1 - s0, st);
         }
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }

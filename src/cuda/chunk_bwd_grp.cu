@@ -415,6 +415,7 @@ template <bool SPLIT> void GrpPass<SPLIT>::launch(const BwdArgs &p, const Grp &G
     else grp_qk_kernel<8><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
 }
 template struct GrpPass<true>;
+template struct GrpPass<false>;
 
 void grp_qk_launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     if (p.K <= 128) grp_qk_kernel<4><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
