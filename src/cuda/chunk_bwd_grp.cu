@@ -32,6 +32,22 @@ __device__ __forceinline__ Item item_of(const BwdArgs &p, const Grp &G) {
     return it;
 }
 
+/* for (f = threadIdx.x; f < n4; f += NT) put(f, get(f)) over float4 pieces,
+ * U loaded before any is stored */
+template <int U, typename FG, typename FP>
+__device__ __forceinline__ void batched4(int n4, const FG &get, const FP &put) {
+    for (int f0 = threadIdx.x; f0 < n4; f0 += U * NT) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int f = f0 + u * NT;
+            v[u] = f < n4 ? get(f) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (f0 + u * NT < n4) put(f0 + u * NT, v[u]);
+    }
+}
 /* step 1: the chunk's rows and their scaled forms (zero past c); Rg, dgc, dbeta zeroed */
 __device__ void grp_load(const BwdArgs &p, const Grp &G, const Item &it) {
     const int K = p.K, V = p.V, c = it.c;
@@ -40,23 +56,43 @@ __device__ void grp_load(const BwdArgs &p, const Grp &G, const Item &it) {
     load_qk(p, p.q, p.rstd_q, it.row0, c, it.h, w + G.o.Q, K);
     load_qk(p, p.k, p.rstd_k, it.row0, c, it.h, w + G.o.Kc, K);
     __syncthreads();
-    batched(
-        CC * K, [&](int e) { return w[G.o.Kc + e]; },
-        [&](int e, float kc) {
-            const int t = e / K;
-            w[G.o.Bk + e] = (bet[t] * gam[t]) * kc;
-            w[G.o.Kd + e] = (t < c ? Ef(it.gcd, c - 1, t) : 0.f) * kc;
-        });
+    if ((K & 3) == 0)   /* float4 pieces (the scratch's arrays start on 128 bytes) */
+        batched4<4>(
+            CC * K / 4, [&](int f) { return reinterpret_cast<const float4 *>(w + G.o.Kc)[f]; },
+            [&](int f, float4 kc) {
+                const int t = 4 * f / K;
+                const float b = bet[t] * gam[t], d = t < c ? Ef(it.gcd, c - 1, t) : 0.f;
+                reinterpret_cast<float4 *>(w + G.o.Bk)[f] = make_float4(b * kc.x, b * kc.y, b * kc.z, b * kc.w);
+                reinterpret_cast<float4 *>(w + G.o.Kd)[f] = make_float4(d * kc.x, d * kc.y, d * kc.z, d * kc.w);
+            });
+    else
+        batched(
+            CC * K, [&](int e) { return w[G.o.Kc + e]; },
+            [&](int e, float kc) {
+                const int t = e / K;
+                w[G.o.Bk + e] = (bet[t] * gam[t]) * kc;
+                w[G.o.Kd + e] = (t < c ? Ef(it.gcd, c - 1, t) : 0.f) * kc;
+            });
     load_rows_v(p, p.v, it.row0, c, it.j, 0, V, w + G.o.Vv, V);
     load_rows_v(p, p.dout, it.row0, c, it.j, 0, V, w + G.o.dO, V);
     __syncthreads();
-    batched(
-        CC * V, [&](int e) { return w[G.o.Vv + e]; },
-        [&](int e, float vv) {
-            const float b = bet[e / V];
-            w[G.o.Bv + e] = b * vv;
-            w[G.o.Xr + e] = b * vv;
-        });
+    if ((V & 3) == 0)
+        batched4<4>(
+            CC * V / 4, [&](int f) { return reinterpret_cast<const float4 *>(w + G.o.Vv)[f]; },
+            [&](int f, float4 vv) {
+                const float b = bet[4 * f / V];
+                const float4 x = make_float4(b * vv.x, b * vv.y, b * vv.z, b * vv.w);
+                reinterpret_cast<float4 *>(w + G.o.Bv)[f] = x;
+                reinterpret_cast<float4 *>(w + G.o.Xr)[f] = x;
+            });
+    else
+        batched(
+            CC * V, [&](int e) { return w[G.o.Vv + e]; },
+            [&](int e, float vv) {
+                const float b = bet[e / V];
+                w[G.o.Bv + e] = b * vv;
+                w[G.o.Xr + e] = b * vv;
+            });
     for (int e = threadIdx.x; e < CC * CC; e += NT) w[G.o.Rg + e] = 0.f;
     if (threadIdx.x < CC) { w[G.o.dgc + threadIdx.x] = 0.f; w[G.o.dbeta + threadIdx.x] = 0.f; }
 }
@@ -67,8 +103,24 @@ __device__ void grp_last(const BwdArgs &p, const Grp &G, const Item &it, float *
     float *w = it.w;
     const int64_t so = (it.slot * p.HV + it.j) * (int64_t)K * p.V;
     const float *S0 = p.states + so, *dS = p.dstates + so;
+    const int64_t n = (int64_t)K * p.V;
     float part = 0.f;
-    for (int64_t e = threadIdx.x; e < (int64_t)K * p.V; e += NT) part = fmaf(S0[e], dS[e], part);
+    if ((n & 3) == 0) {   /* float4 pieces, eight of each array in flight a thread (states rows start on 16 bytes) */
+        const float4 *a = reinterpret_cast<const float4 *>(S0), *b = reinterpret_cast<const float4 *>(dS);
+        for (int64_t f0 = threadIdx.x; f0 < n / 4; f0 += 8 * NT) {
+            float4 x[8], y[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int64_t f = f0 + u * NT;
+                x[u] = f < n / 4 ? a[f] : make_float4(0.f, 0.f, 0.f, 0.f);
+                y[u] = f < n / 4 ? b[f] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) part = fmaf(x[u].x, y[u].x, fmaf(x[u].y, y[u].y, fmaf(x[u].z, y[u].z, fmaf(x[u].w, y[u].w, part))));
+        }
+    } else {
+        for (int64_t e = threadIdx.x; e < n; e += NT) part = fmaf(S0[e], dS[e], part);
+    }
     const float tot = gdn::block_sum(part, red);
     if (threadIdx.x == 0) w[G.o.dgc + c - 1] += it.rec[R_GAM + c - 1] * tot;
     for (int t = warp; t < c - 1; t += NT / 32) {   /* pair (last, t) */
@@ -169,22 +221,6 @@ constexpr int MK = 64, MA = MK + 4;   /* k per stage; As [64][MA] is read along 
 __host__ __device__ __forceinline__ int mm_lb(int N) { const int n = (N + 31) & ~31; return n + 8; }   /* Bs [MK][lb], read across k */
 __host__ __device__ __forceinline__ int mm_smem(int Nmax) { return 64 * MA + MK * mm_lb(Nmax); }
 
-/* for (f = threadIdx.x; f < n4; f += NT) put(f, get(f)) over float4 pieces,
- * U loaded before any is stored */
-template <int U, typename FG, typename FP>
-__device__ __forceinline__ void batched4(int n4, const FG &get, const FP &put) {
-    for (int f0 = threadIdx.x; f0 < n4; f0 += U * NT) {
-        float4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int f = f0 + u * NT;
-            v[u] = f < n4 ? get(f) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (f0 + u * NT < n4) put(f0 + u * NT, v[u]);
-    }
-}
 /* four values of X from x (16-byte aligned), value c kept where bit c of
  * `in` is set and 0 elsewhere, the others never read */
 __device__ __forceinline__ float4 ld4_masked(const float *x, int in) {
