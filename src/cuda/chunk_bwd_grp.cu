@@ -293,7 +293,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
             64 * MK,
             [&](int e) {
                 const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK, gq = kc + q;
-                if (i >= M || gq >= Kd || ((tri & LOWER_A) && gq > i) || ((tri & UPPER_A) && gq < i)) return 0.f;
+                if (!mm_in(i, gq, M, Kd, tri)) return 0.f;
                 return A.t ? A.p[(int64_t)gq * A.ld + i] : A.p[(int64_t)i * A.ld + gq];
             },
             [&](int e, float v) {
