@@ -7,7 +7,11 @@
  * the gated layer ops are bound by it, not by memory. */
 #ifndef GDN_CPU_ACT_H
 #define GDN_CPU_ACT_H
+#include <string.h>
 #include "cpu/gemm.h"
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 static inline float gdn_sigmoidf(float z) { return 1.f / (1.f + gdn_expf(-z)); }
 
@@ -26,6 +30,91 @@ static inline void gdn_sigmoid_pair_rows(const float *restrict z, float *restric
         s[i] = r;
         sn[i] = e * r;
     }
+}
+
+/* ---- the same gates on the widest vectors of the build (gdn_av, GDN_AVL lanes) ----
+ * For the bf16 rows of the layer ops, written out because gcc vectorises a
+ * loop that mixes 16-bit and fp32 elements at half the vector width (8
+ * lanes on AVX-512) and peels a short row's start for alignment. Every step
+ * is the scalar code's (the polynomial's FMAs by contraction, the rounding
+ * of k by the vector round instruction), so the results have the same bits. */
+#if defined(__AVX512F__)
+#define GDN_AVL 16
+#elif defined(__AVX__)
+#define GDN_AVL 8
+#else
+#define GDN_AVL 4
+#endif
+typedef float gdn_av __attribute__((vector_size(GDN_AVL * 4)));
+typedef int32_t gdn_vi __attribute__((vector_size(GDN_AVL * 4)));
+typedef uint32_t gdn_vu __attribute__((vector_size(GDN_AVL * 4)));
+typedef uint16_t gdn_vh __attribute__((vector_size(GDN_AVL * 2)));
+
+/* GDN_AVL bf16 values at p (any alignment) as fp32 */
+static inline gdn_av gdn_bf16_load_v(const uint16_t *p) {
+#if defined(__AVX512F__) && GDN_AVL == 16
+    return (gdn_av)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+#else
+    gdn_vh h;
+    memcpy(&h, p, sizeof h);
+    return (gdn_av)(__builtin_convertvector(h, gdn_vu) << 16);
+#endif
+}
+
+/* gdn_f32_bf16 of each lane into p (any alignment) */
+static inline gdn_vh gdn_f32_bf16_v(gdn_av f) {
+    const gdn_vu u = (gdn_vu)f;
+    const gdn_vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    const gdn_vu nan = (gdn_vu)((u & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((q & nan) | (r & ~nan), gdn_vh);
+}
+static inline void gdn_bf16_store_v(uint16_t *p, gdn_av f) {
+#if defined(__AVX512F__) && GDN_AVL == 16
+    const gdn_vu u = (gdn_vu)f;
+    const gdn_vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    const gdn_vu nan = (gdn_vu)((u & 0x7fffffffu) > 0x7f800000u);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)((q & nan) | (r & ~nan))));
+#else
+    const gdn_vh h = gdn_f32_bf16_v(f);
+    memcpy(p, &h, sizeof h);
+#endif
+}
+
+static inline gdn_av gdn_select_v(gdn_vi m, gdn_av a, gdn_av b) { return (gdn_av)((m & (gdn_vi)a) | (~m & (gdn_vi)b)); }
+
+/* rint of each lane, to nearest even (as __builtin_rintf in gdn_expf) */
+static inline gdn_av gdn_rint_v(gdn_av t) {
+#if defined(__AVX512F__) && GDN_AVL == 16
+    return (gdn_av)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__) && GDN_AVL == 8
+    return (gdn_av)_mm256_round_ps((__m256)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    for (int l = 0; l < GDN_AVL; l++) t[l] = __builtin_rintf(t[l]);
+    return t;
+#endif
+}
+
+static inline gdn_av gdn_expf_v(gdn_av x);
+/* silu and sigmoid of each lane, as gdn_silu_rows and gdn_sigmoidf */
+static inline gdn_av gdn_silu_v(gdn_av z) { return z / (1.f + gdn_expf_v(-z)); }
+static inline gdn_av gdn_sigmoid_v(gdn_av z) { return 1.f / (1.f + gdn_expf_v(-z)); }
+
+/* gdn_expf of each lane */
+static inline gdn_av gdn_expf_v(gdn_av x) {
+    const gdn_vi under = x < -87.0f;
+    gdn_av xc = gdn_select_v(under, (gdn_av){0} - 87.0f, x);
+    xc = gdn_select_v(xc > 88.0f, (gdn_av){0} + 88.0f, xc);
+    const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
+    gdn_av r = k * -0.693145751953125f + xc;
+    r = k * -1.428606765330187e-06f + r;
+    gdn_av p = r * 1.3888889e-3f + 8.3333333e-3f;
+    p = p * r + 4.1666667e-2f;
+    p = p * r + 1.6666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const gdn_av s = (gdn_av)((__builtin_convertvector(k, gdn_vi) + 127) << 23);
+    return (gdn_av)(~under & (gdn_vi)(p * s));
 }
 
 #endif

@@ -4,11 +4,15 @@
  *   dx_j = r (a_j - x_j c),  c = r^2 (sum_i a_i x_i) / V
  *   dz_i = dy_i x_i r w_i gate'(z_i),   dw_i = sum over rows of dy_i x_i r gate(z_i)
  *
- * Layout of the work: threads take rows (OpenMP, static), each row is loaded
- * into fp32 scratch (the bf16 backward converts z and dy where they are used
- * and rounds dz, dx where they are formed: bwd_row_bf16), every loop over V
- * is branch-free so the compiler vectorises it (sums with 16 fixed partial accumulators; the gates through
- * cpu/act.h). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK (64),
+ * Layout of the work: threads take rows (OpenMP, static). f32 / f16 rows are
+ * loaded into fp32 scratch, every loop over V branch-free so the compiler
+ * vectorises it (sums with 16 fixed partial accumulators; the gates through
+ * cpu/act.h). bf16 rows are read in place on cpu/act.h's vectors, converted
+ * where used and rounded where formed (fwd_rows_bf16, bwd_row_bf16: the same
+ * arithmetic, so the same bits): the compiler's own vectorisation of such
+ * mixed 16 / 32-bit loops ran at half width and peeled each row's start for
+ * alignment, which made the op's speed depend on where the caller's buffers
+ * lie (bench/NOTES.md v10). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK (64),
  * each block sums its rows in row order into an fp32 partial (64 terms: a
  * rounding of ~4e-6 of their norm at most, far inside the bounds), and the
  * partials are added in block order in double: the bits do not depend on
@@ -57,6 +61,27 @@ static inline float row_rstd(const float *x, int V, float eps) {
     return 1.0f / sqrtf(sum_sq(x, V) / (float)V + eps);
 }
 
+/* row_rstd of a bf16 row, converted where read: sum_sq's order (lane k of
+ * the 16 partials takes the elements i = k mod 16), so the same bits */
+static float row_rstd_bf16(const uint16_t *restrict x, int V, float eps) {
+    gdn_av acc[16 / GDN_AVL] = {{0}};
+    int i = 0;
+    for (; i + 16 <= V; i += 16)
+        for (int j = 0; j < 16 / GDN_AVL; j++) {
+            const gdn_av v = gdn_bf16_load_v(x + i + j * GDN_AVL);
+            acc[j] += v * v;
+        }
+    float a[16];
+    memcpy(a, acc, sizeof a);
+    for (int k = 0; i < V; i++, k++) {
+        const float v = gdn_bf16_f32(x[i]);
+        a[k] += v * v;
+    }
+    for (int h = 8; h >= 1; h /= 2)
+        for (int k = 0; k < h; k++) a[k] += a[k + h];
+    return 1.0f / sqrtf(a[0] / (float)V + eps);
+}
+
 /* ---- forward ---- */
 
 static void fwd_rows(const gdn_rmsnorm_config *c, const void *x, const void *z, const float *restrict w,
@@ -70,6 +95,32 @@ static void fwd_rows(const gdn_rmsnorm_config *c, const void *x, const void *z, 
     for (int i = 0; i < V; i++) xr[i] = xr[i] * rs * w[i] * zr[i];
     store_row(c->dtype, y, r * V, xr, V);
     if (rstd) rstd[r] = rs;
+}
+
+/* fwd_rows for bf16 without scratch, on the widest vectors (cpu/act.h): x
+ * converted where read (twice: r, then y), the gate inline, y rounded where
+ * formed; the same arithmetic as fwd_rows, so the same bits */
+static void fwd_rows_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, const uint16_t *restrict z,
+                          const float *restrict w, uint16_t *restrict y, float *rstd, int64_t r0, int64_t r1) {
+    const int V = c->V, silu = c->gate == GDN_NORM_GATE_SILU;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t o = r * V;
+        const float rs = row_rstd_bf16(x + o, V, c->eps);
+        int i = 0;
+        for (; i + GDN_AVL <= V; i += GDN_AVL) {
+            const gdn_av zi = gdn_bf16_load_v(z + o + i);
+            gdn_av wi;
+            memcpy(&wi, w + i, sizeof wi);
+            const gdn_av g = silu ? gdn_silu_v(zi) : gdn_sigmoid_v(zi);
+            gdn_bf16_store_v(y + o + i, gdn_bf16_load_v(x + o + i) * rs * wi * g);
+        }
+        for (; i < V; i++) {
+            const float zi = gdn_bf16_f32(z[o + i]);
+            const float g = silu ? zi / (1.f + gdn_expf(-zi)) : gdn_sigmoidf(zi);
+            y[o + i] = gdn_f32_bf16(gdn_bf16_f32(x[o + i]) * rs * w[i] * g);
+        }
+        if (rstd) rstd[r] = rs;
+    }
 }
 
 int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x, const void *z,
@@ -88,8 +139,16 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 #endif
         float *xr = scratch + (size_t)tid * 2 * V, *zr = xr + V;
         const unsigned m = gdn_ftz_begin();
-        #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) fwd_rows(c, x, z, w, y, rstd, r, xr, zr);
+        if (c->dtype == GDN_BF16) {   /* the thread's rows as omp for's static schedule deals them */
+            int nth = 1;
+#ifdef _OPENMP
+            nth = omp_get_num_threads();
+#endif
+            fwd_rows_bf16(c, x, z, w, y, rstd, rows * tid / nth, rows * (tid + 1) / nth);
+        } else {
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) fwd_rows(c, x, z, w, y, rstd, r, xr, zr);
+        }
         gdn_ftz_end(m);
     }
     free(scratch);
@@ -98,33 +157,66 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 
 /* ---- backward ---- */
 
-/* bwd_row for bf16 in fewer passes: z and dy converted where they are used,
- * the gate's sigmoid pair (cpu/act.h's form), dz and dx rounded and stored in
- * the loops that form them; the same arithmetic, so the same bits */
+/* bwd_row for bf16 in two passes on the widest vectors (cpu/act.h): z, dy
+ * and x converted where used, the gate's sigmoid pair (cpu/act.h's form),
+ * dz rounded and stored where formed, a . x summed as a is formed (sum_prod's
+ * 16 partials, lane k taking i = k mod 16), then dx; the same arithmetic as
+ * bwd_row, so the same bits */
 static void bwd_row_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, const uint16_t *restrict z,
                          const float *restrict w, const float *rstd, const uint16_t *restrict dy, uint16_t *restrict dx,
-                         uint16_t *restrict dz, int64_t r, float *restrict xr, float *restrict ar, float *restrict dwp) {
+                         uint16_t *restrict dz, int64_t r, float *restrict ar, float *restrict dwp) {
     const int V = c->V;
     const int64_t o = r * V;
-    for (int i = 0; i < V; i++) xr[i] = gdn_bf16_f32(x[o + i]);
-    const float rs = rstd ? rstd[r] : row_rstd(xr, V, c->eps);
+    x += o; z += o; dy += o; dx += o; dz += o;
+    const float rs = rstd ? rstd[r] : row_rstd_bf16(x, V, c->eps);
     const int silu = c->gate == GDN_NORM_GATE_SILU;
-    for (int i = 0; i < V; i++) {
-        const float zi = gdn_bf16_f32(z[o + i]), a0 = gdn_bf16_f32(dy[o + i]);
+    gdn_av acc[16 / GDN_AVL] = {{0}};
+    int i = 0;
+    for (; i + 16 <= V; i += 16)
+        for (int j = 0; j < 16 / GDN_AVL; j++) {
+            const int e = i + j * GDN_AVL;
+            const gdn_av zi = gdn_bf16_load_v(z + e), a0 = gdn_bf16_load_v(dy + e), xi = gdn_bf16_load_v(x + e);
+            gdn_av wi, dw;
+            memcpy(&wi, w + e, sizeof wi);
+            memcpy(&dw, dwp + e, sizeof dw);
+            const gdn_av ex = gdn_expf_v(-zi), s = 1.f / (1.f + ex), sn = ex * s;
+            const gdn_av g = silu ? zi * s : s;
+            const gdn_av dg = silu ? s * (1.f + zi * sn) : s * sn;
+            const gdn_av dyx = a0 * (xi * rs);
+            dw += dyx * g;
+            memcpy(dwp + e, &dw, sizeof dw);
+            gdn_bf16_store_v(dz + e, dyx * wi * dg);
+            const gdn_av a = a0 * wi * g;
+            memcpy(ar + e, &a, sizeof a);
+            acc[j] += a * xi;
+        }
+    float ax[16];
+    memcpy(ax, acc, sizeof ax);
+    for (int k = 0; i < V; i++, k++) {
+        const float zi = gdn_bf16_f32(z[i]), a0 = gdn_bf16_f32(dy[i]), xi = gdn_bf16_f32(x[i]);
         const float e = gdn_expf(-zi), s = 1.f / (1.f + e), sn = e * s;
         const float g = silu ? zi * s : s;
         const float dg = silu ? s * (1.f + zi * sn) : s * sn;
-        const float dyx = a0 * (xr[i] * rs);
+        const float dyx = a0 * (xi * rs);
         dwp[i] += dyx * g;
-        dz[o + i] = gdn_f32_bf16(dyx * w[i] * dg);
+        dz[i] = gdn_f32_bf16(dyx * w[i] * dg);
         ar[i] = a0 * w[i] * g;
+        ax[k] += ar[i] * xi;
     }
     if (V == 1) {
-        dx[o] = gdn_f32_bf16(rs * ar[0] * (c->eps * rs * rs));   /* as bwd_row */
-    } else {
-        const float cc = sum_prod(ar, xr, V) / (float)V * rs * rs;
-        for (int i = 0; i < V; i++) dx[o + i] = gdn_f32_bf16(rs * (ar[i] - xr[i] * cc));
+        dx[0] = gdn_f32_bf16(rs * ar[0] * (c->eps * rs * rs));   /* as bwd_row */
+        return;
     }
+    for (int h = 8; h >= 1; h /= 2)
+        for (int k = 0; k < h; k++) ax[k] += ax[k + h];
+    const float cc = ax[0] / (float)V * rs * rs;
+    i = 0;
+    for (; i + GDN_AVL <= V; i += GDN_AVL) {
+        gdn_av a;
+        memcpy(&a, ar + i, sizeof a);
+        gdn_bf16_store_v(dx + i, rs * (a - gdn_bf16_load_v(x + i) * cc));
+    }
+    for (; i < V; i++) dx[i] = gdn_f32_bf16(rs * (ar[i] - gdn_bf16_f32(x[i]) * cc));
 }
 
 /* One row: dx, dz written, dy x r gate(z) added to the block's fp32 partial dwp. */
@@ -185,7 +277,7 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
             const int64_t r1 = (b + 1) * RB < rows ? (b + 1) * RB : rows;
             if (c->dtype == GDN_BF16)
                 for (int64_t r = b * RB; r < r1; r++)
-                    bwd_row_bf16(c, x, z, w, rstd, dy, dx, dz, r, xr, ar, dwf);
+                    bwd_row_bf16(c, x, z, w, rstd, dy, dx, dz, r, ar, dwf);
             else
                 for (int64_t r = b * RB; r < r1; r++)
                     bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, sr, snr, dwf);
