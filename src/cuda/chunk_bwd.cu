@@ -24,8 +24,8 @@
  *               substitution and P into a record           (chunk_fwd.c prepare_head)
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
- *               where the chunk forward's transposed state kernel takes
- *               the shape, that kernel instead (fwd_states below)
+ *               for bf16 / f16 inputs the chunk forward's state kernels
+ *               instead (fwd_states below)
  *   bwd_sweep   per (n, j, 64 columns of V), chunks in reverse: dS leaving
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
  *               Both sweeps fetch the next chunk into registers while the
@@ -170,10 +170,11 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
 enum Part { WHOLE, FRONT, BACK };
 
 /* the states entering each chunk of the view from the chunk forward's state
- * kernel where it takes the shape (gdn_cuda_chunk_states: bf16 / f16, K =
- * 128, V in 128-column blocks), its records in the dstates area (written
- * only later, by the reverse sweep). 1: queued; 0: nothing queued,
- * fwd_sweep's job; -1: a launch failed */
+ * kernels where they take the shape (gdn_cuda_chunk_states: bf16 / f16; the
+ * transposed kernel for K = 128 and V in 128-column blocks, the general one
+ * otherwise), their records in the dstates area (written only later, by the
+ * reverse sweep) where they fit. 1: queued; 0: nothing queued, fwd_sweep's
+ * job; -1: a launch failed */
 int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st) {
     gdn_plan fv = *pl;
     fv.N = p.N;

@@ -109,7 +109,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
         tr = p.K == 128 && p.V % 128 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
              tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
              tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
-    if (p.states && (!tr || p.sc)) return cudaErrorNotSupported;   /* the states mode: the transposed kernel, whole sequences */
+    if (p.states && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences */
     if (tr) {
         e = StateTPass<E>::attr();
         if (e != cudaSuccess) return e;

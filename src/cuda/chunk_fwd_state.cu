@@ -1,7 +1,8 @@
 /* CUDA chunk forward, kernel 2 (the state walk, general form: any K, V and
  * alignment): per (sequence or segment, value head, BV columns of V) the state
  * in fp32 registers across the chunks, the outputs O, and the final state (ht,
- * or in pass 1 the segment's map); its launcher. */
+ * or in pass 1 the segment's map); or, for the backward (p.states), each
+ * chunk's entering state and no O; its launcher. */
 #include "cuda/chunk_fwd.cuh"
 
 namespace gdn {
@@ -33,7 +34,10 @@ template <int KT, int BV> struct StateSmem {
     static constexpr uint32_t fetch_bytes = CC * (2 * LK + LV) * 2 + REC_T + REC_F;
 };
 
-template <int KT, int BV, typename E>
+/* STS: the backward's states mode (p.states, whole sequences, pass 0): each
+ * chunk's entering state stored, no O (a separate instance, so the forward's
+ * code is untouched) */
+template <int KT, int BV, typename E, bool STS>
 __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using S = StateSmem<KT, BV>;
     using M = mma_traits<E>;
@@ -56,7 +60,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;   /* chunks [i0, nch) */
     if (sg > 0 && i0 >= nch) return;
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
-    const bool want_o = p.pass != 1;                    /* pass 1 needs the final state only */
+    const bool want_o = !STS && p.pass != 1;            /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
     const int vcol0 = (pmode ? vb - p.nvb_v : vb) * BV, ncols = pmode ? p.K : p.V;
@@ -154,6 +158,22 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
         const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * REC_F), *bt = gc + F_BT * CC,
                     *rk = gc + F_RK * CC, *rq = gc + F_RQ * CC;
+        if (STS) {   /* the state entering chunk i, this thread's part, two columns a store where V is even */
+            float *sd = p.states + (slot_of(bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+#pragma unroll
+            for (int nt = 0; nt < SNT; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int kr = srow + g + 8 * hr, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq;
+                    if (kr >= p.K || vc >= p.V) continue;
+                    float *at = sd + (int64_t)kr * p.V + vc;
+                    if ((p.V & 1) == 0) *reinterpret_cast<float2 *>(at) = make_float2(st[nt][2 * hr], st[nt][2 * hr + 1]);
+                    else {
+                        at[0] = st[nt][2 * hr];
+                        if (vc + 1 < p.V) at[1] = st[nt][2 * hr + 1];
+                    }
+                }
+        }
         if (bulk(i)) { mb_wait(mb, phase); phase ^= 1; }
         cp_wait_all();
         __syncthreads();
@@ -329,7 +349,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         PROF(10);
         if (!S::K2 && i + 1 < nch) { fetch_k(i + 1); cp_commit(); }   /* K was in use until now */
         /* O rows of this chunk, 16 bytes per thread */
-        for (int x = tid; x < (p.pass == 1 ? 0 : c) * (BV / 8); x += ST) {
+        for (int x = tid; x < (want_o ? c : 0) * (BV / 8); x += ST) {
             const int r = x / (BV / 8), c8 = (x % (BV / 8)) * 8, col = vcol0 + c8;
             if (col >= p.V) continue;
             E *dst = static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + col;
@@ -366,13 +386,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 }  // namespace
 
 template <int KT, int BV, typename E> cudaError_t StatePass<KT, BV, E>::attr() {
-    static bool done = false;
-    return smem_attr(chunk_state_kernel<KT, BV, E>, StateSmem<KT, BV>::bytes, &done);
+    static bool done = false, done_st = false;
+    const cudaError_t e = smem_attr(chunk_state_kernel<KT, BV, E, false>, StateSmem<KT, BV>::bytes, &done);
+    return e != cudaSuccess ? e : smem_attr(chunk_state_kernel<KT, BV, E, true>, StateSmem<KT, BV>::bytes, &done_st);
 }
 template <int KT, int BV, typename E>
 cudaError_t StatePass<KT, BV, E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm,
                                          cudaStream_t st) {
-    chunk_state_kernel<KT, BV, E><<<blocks, ST, StateSmem<KT, BV>::bytes, st>>>(p, ws, tm);
+    if (p.states) chunk_state_kernel<KT, BV, E, true><<<blocks, ST, StateSmem<KT, BV>::bytes, st>>>(p, ws, tm);
+    else chunk_state_kernel<KT, BV, E, false><<<blocks, ST, StateSmem<KT, BV>::bytes, st>>>(p, ws, tm);
     return cudaGetLastError();
 }
 template struct StatePass<64, 128, __nv_bfloat16>;

@@ -57,9 +57,10 @@ gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *p, const gdn_fwd_args *a, int
 int gdn_cuda_chunk_fwd_split(const gdn_plan *p);
 gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, void *ws, int back, float **seg_p, float **seg_s,
                                    void *stream);
-/* the chunk backward's states from the chunk forward's state kernel (the
- * transposed form: bf16 / f16, K = 128, V in 128-column blocks, TMA-able
- * tensors; whole sequences of the plan, h0 where given): the state entering
+/* the chunk backward's states from the chunk forward's state kernels (bf16 /
+ * f16; the transposed form where K = 128, V is whole 128-column blocks and
+ * the TMA takes the tensors, else the general one; whole sequences of the
+ * plan, h0 where given): the state entering
  * each chunk into states ([slot][HV][K][V] fp32 k-first, slot = bos / 64 + n
  * + i), no o or ht, over a workspace of gdn_cuda_chunk_states_ws bytes.
  * 1: queued; 0: not this shape (nothing queued); -1: a launch failed */
