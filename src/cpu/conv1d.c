@@ -15,16 +15,18 @@
  * threads over chunks of the flattened tokens (TC rows or fewer; no
  * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
  * a time across all channel blocks, i.e. memory row by row; a bf16 row of a
- * full channel block goes in one pass (convert, convolve, SiLU, round,
- * store: conv_rows_bf16; outputs of GDN_STREAM_BYTES or more by streaming
- * stores, cpu/stream.h), other rows through f32 row buffers. The backward
+ * full channel block goes in one pass (convert, convolve into an fp32 row,
+ * then SiLU and rounding on cpu/act.h's vectors, store: conv_rows_bf16;
+ * outputs of GDN_STREAM_BYTES or more by streaming stores, cpu/stream.h),
+ * other rows through f32 row buffers. The backward
  * deals whole channel blocks to threads, each walking its blocks SB tokens
  * at a time across them (rows again), so every block's dweight / dbias is
  * summed in token order (fp32 over SB tokens, then fp64) and has the same
  * bits whatever the thread count; bf16 full blocks take their first pass
  * (dz, the sums) and their dx rows in one pass each (bwd_rows_bf16,
- * dx_rows_bf16, dx streaming as y does). W is a compile-time
- * constant inside the kernels (one instance per W = 1..8). */
+ * dx_rows_bf16, dx rounded on the vectors and streaming as y does). Both
+ * run with FTZ / DAZ (common/common.h). W is a compile-time constant inside
+ * the kernels (one instance per W = 1..8). */
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/conv1d.h"
@@ -130,15 +132,19 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
         uint16_t *yr = y + (int64_t)i * D;
         const float *r = xb + i * CB;
         float *xn = xb + (W - 1 + i) * CB;
+        float zr[CB] __attribute__((aligned(64)));
         uint16_t out[CB] __attribute__((aligned(64)));
         for (int c = 0; c < CB; c++) {
             const float v = gdn_bf16_f32(xr[c]);
             xn[c] = v;
             float acc = bv[c];
             for (int w = 0; w < W - 1; w++) acc += wt[w][c] * r[w * CB + c];
-            acc += wt[W - 1][c] * v;
-            if (silu) acc = acc / (1.f + gdn_expf(-acc));
-            out[c] = gdn_f32_bf16(acc);
+            zr[c] = acc + wt[W - 1][c] * v;
+        }
+        for (int c = 0; c < CB; c += GDN_AVL) {
+            gdn_av zv;
+            memcpy(&zv, zr + c, sizeof zv);
+            gdn_bf16_store_v(out + c, silu ? gdn_silu_v(zv) : zv);
         }
         gdn_store16_row(yr, out, CB, stream);
     }
@@ -179,11 +185,17 @@ INLINE void bwd_rows_bf16(const int W, int nr, const uint16_t *restrict x, const
 INLINE void dx_rows_bf16(const int W, int nb, const float *restrict dzb, const float wt[WMAX][CB], uint16_t *restrict y, int64_t D,
                          int stream) {
     for (int i = 0; i < nb; i++) {
+        float dr[CB] __attribute__((aligned(64)));
         uint16_t out[CB] __attribute__((aligned(64)));
         for (int c = 0; c < CB; c++) {
             float acc = 0.f;
             for (int w = 0; w < W; w++) acc += dzb[(W - 1 + i - w) * CB + c] * wt[w][c];
-            out[c] = gdn_f32_bf16(acc);
+            dr[c] = acc;
+        }
+        for (int c = 0; c < CB; c += GDN_AVL) {
+            gdn_av v;
+            memcpy(&v, dr + c, sizeof v);
+            gdn_bf16_store_v(out + c, v);
         }
         gdn_store16_row(y + (int64_t)i * D, out, CB, stream);
     }
@@ -298,6 +310,7 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
     for (int64_t ch = 0; ch < nch; ch++) {
         float xb[(SB + WMAX - 1) * CB], z[SB * CB];
         memset(xb, 0, sizeof xb);
+        const unsigned m = gdn_ftz_begin();
         const int64_t g1 = (ch + 1) * tc < R ? (ch + 1) * tc : R;
         for (int64_t g = ch * tc; g < g1;) {   /* the chunk's rows, sequence by sequence */
             int64_t n, bos, L;
@@ -314,6 +327,7 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
             g = e;
         }
         gdn_stream_fence();   /* this thread's streaming stores ordered before the loop ends */
+        gdn_ftz_end(m);
     }
     free(wall);
     if (!a->ht) return 0;
@@ -502,8 +516,10 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
         m = omp_get_num_threads();
 #endif
         const int cb0 = (int)((int64_t)ncb * tid / m), cb1 = (int)((int64_t)ncb * (tid + 1) / m);
+        const unsigned fm = gdn_ftz_begin();
         if (cb1 > cb0) bwd_blocks(c, N, a, cb0, cb1, st + cb0);
         gdn_stream_fence();   /* this thread's streaming stores (dx rows) ordered before the region ends */
+        gdn_ftz_end(fm);
     }
     free(st);
     return 0;
