@@ -505,6 +505,84 @@ static void chunk_bwd_bad_input(void) {
 
 /* the backward's sweep: every option on small shapes, the chunk borders,
  * head dims, varlen with empty and 1-token sequences, a long GVA case */
+/* The local stage's windows (window_chunks, src/cuda/chunk_bwd.cu: the
+ * reverse sweep and the local stage a window of chunks at a time, the last
+ * first, the state gradient carried between them) change no bit: four
+ * sequences whose items fill the windows' threshold against the first of
+ * them alone (too few items for windows), whole sequences (seq_split 1) and
+ * the same kernels otherwise; every gradient of sequence 0 and its dh0 the
+ * same bits, the four sequences' outputs all written. The batch must take
+ * the windows: its workspace under 3.875 times the one sequence's. */
+static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned flags, uint64_t seed) {
+    rng r;
+    rng_seed(&r, seed);
+    const int64_t T = 8192, B = 4;
+    char ctx[256];
+    snprintf(ctx, sizeof ctx, "op=chunk_bwd backend=cuda windows B%lld T%lld H%d HV%d K%d V%d dtype=%s flags=0x%x seed=%llu",
+             (long long)B, (long long)T, H, HV, K, V, t_dtype_name(dt), flags, (unsigned long long)seed);
+    const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
+                 ns = (size_t)B * HV * K * V, dsz = t_dsize(dt);
+    void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
+    float *g = t_alloc(4 * ng), *b = t_alloc(4 * ng), *h0 = t_alloc(4 * ns), *dht = t_alloc(4 * ns), A_log[64], dt_bias[64];
+    for (size_t i = 0; i < nq; i++) { t_store(dt, q, i, (float)rng_normal(&r)); t_store(dt, k, i, (float)rng_normal(&r)); }
+    for (size_t i = 0; i < nv; i++) { t_store(dt, v, i, (float)rng_normal(&r)); t_store(dt, dout, i, (float)rng_normal(&r)); }
+    for (size_t i = 0; i < ng; i++) { g[i] = (float)rng_normal(&r); b[i] = (float)rng_normal(&r); }
+    for (size_t i = 0; i < ns; i++) { h0[i] = (float)rng_normal(&r); dht[i] = (float)rng_normal(&r); }
+    for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); dt_bias[j] = (float)(0.5 * rng_normal(&r)); }
+    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz), *ddo = dev_put(dout, nv * dsz),
+         *dg_ = dev_put(g, 4 * ng), *db_ = dev_put(b, 4 * ng), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
+         *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns);
+    const size_t sizes[6] = {nq, nq, nv, ng, ng, ns}, esz[6] = {dsz, dsz, dsz, 4, 4, 4};
+    const char *names[6] = {"dq", "dk", "dv", "da", "db", "dh0"};
+    void *out[2][6], *host[2][6], *dAl = NULL, *ddtb = NULL;   /* dA_log, ddt_bias: sums over every sequence, not compared */
+    cudaMalloc(&dAl, 4 * HV); cudaMalloc(&ddtb, 4 * HV);
+    size_t wbs[2] = {0, 0};
+    gdn_exec ex = cuda_ex;
+    ex.seq_split = 1;
+    int ok = 1;
+    for (int run = 0; run < 2 && ok; run++) {   /* 0: the four sequences, 1: the first alone */
+        gdn_config c = {.B = run ? 1 : B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
+        const size_t sv = gdn_chunk_saved_size(&c), wf = gdn_chunk_fwd_workspace_size(&ex, &c), wb = gdn_chunk_bwd_workspace_size(&ex, &c);
+        wbs[run] = wb;
+        void *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dO = NULL;
+        cudaMalloc(&dsv, sv + 4); cudaMalloc(&dwsf, wf + 4); cudaMalloc(&dwsb, wb + 4); cudaMalloc(&dO, nv * dsz);
+        for (int i = 0; i < 6; i++) {
+            host[run][i] = t_alloc(sizes[i] * esz[i]);
+            t_poison_nan(i < 3 ? dt : GDN_F32, host[run][i], sizes[i]);
+            out[run][i] = dev_put(host[run][i], sizes[i] * esz[i]);
+        }
+        gdn_fwd_args fa = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in, .o = dO,
+                           .saved = dsv, .saved_bytes = sv, .workspace = dwsf, .workspace_bytes = wf};
+        gdn_bwd_args ba = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in,
+                           .saved = dsv, .saved_bytes = sv, .dout = ddo, .dht = ddht, .dq = out[run][0], .dk = out[run][1],
+                           .dv = out[run][2], .dg = out[run][3], .dbeta = out[run][4], .dA_log = dAl, .ddt_bias = ddtb,
+                           .dh0 = (float *)out[run][5], .workspace = dwsb, .workspace_bytes = wb};
+        gdn_status s = gdn_chunk_fwd(&ex, &c, &fa);
+        if (s == GDN_OK) s = gdn_chunk_bwd(&ex, &c, &ba);
+        const cudaError_t e = cudaDeviceSynchronize();
+        ok = check(s == GDN_OK && e == cudaSuccess, ctx, "run %d: status %s (%s), cuda %s", run, gdn_status_string(s),
+                   gdn_last_error(), cudaGetErrorString(e));
+        for (int i = 0; i < 6; i++) dev_get(host[run][i], out[run][i], sizes[i] * esz[i]);
+        void *dev[] = {dsv, dwsf, dwsb, dO};
+        for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+    }
+    if (ok) {
+        /* without windows the four sequences' workspace is ~3.98 times the one's (517 slots against 130) */
+        check(8 * wbs[0] + wbs[1] < 32 * wbs[1], ctx, "workspace %zu bytes for 4 sequences, %zu for one: no windows", wbs[0], wbs[1]);
+        for (int i = 0; i < 6; i++) {
+            size_t nan = 0;
+            for (size_t x = 0; x < sizes[i]; x++) nan += t_get(i < 3 ? dt : GDN_F32, host[0][i], x) != t_get(i < 3 ? dt : GDN_F32, host[0][i], x);
+            check(nan == 0, ctx, "%s: %zu of %zu elements not written", names[i], nan, sizes[i]);
+            check(!memcmp(host[0][i], host[1][i], sizes[i] / B * esz[i]), ctx, "%s of sequence 0: windows change its bits", names[i]);
+        }
+    }
+    for (int run = 0; run < 2; run++)
+        for (int i = 0; i < 6; i++) { cudaFree(out[run][i]); free(host[run][i]); }
+    void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dAl, ddtb};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+    free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
+}
+
 static void test_cuda_chunk_bwd(rng *r) {
     const gdn_dtype dts[3] = {GDN_F32, GDN_BF16, GDN_F16};
     const unsigned L2 = GDN_QK_L2NORM, GF = GDN_GATE_FUSED, BS = GDN_BETA_SIGMOID, BN = GDN_BETA_NEGATIVE, VF = GDN_STATE_V_FIRST;
@@ -582,6 +660,9 @@ static void test_cuda_chunk_bwd(rng *r) {
         else { tc.B = 1; tc.T = 2100; tc.K = 128; tc.V = 128; tc.HV = 1; tc.split = 0; }
         bwd_case(&tc, rng_u64(r));
     }
+    /* the local stage's windows: bf16 K = V = 128 (the wgmma kernels), f16 K = V = 64 with v-first states */
+    windows_case(GDN_BF16, 16, 32, 128, 128, L2 | GF | BS, rng_u64(r));
+    windows_case(GDN_F16, 8, 16, 64, 64, L2 | GF | BS | VF, rng_u64(r));
     /* the long GVA case: many groups of slots */
     if (!g_quick) {
         bcase tc = {.B = 3, .T = 5000, .H = 6, .HV = 12, .K = 40, .V = 72, .dt = GDN_BF16, .gdt = GDN_F32,

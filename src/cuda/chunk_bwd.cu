@@ -41,7 +41,10 @@
  *               in a thread-block cluster of the G blocks of a (slot, q/k
  *               head) through distributed shared memory (G <= 8), else over
  *               a scratch of dQc, dKc per item (grp_qk_kernel). Slots in
- *               groups (all HV heads of a slot in one group).
+ *               groups (all HV heads of a slot in one group); in clusters,
+ *               windows of chunks the last first, each the reverse sweep
+ *               over its chunks then its items, so only one window's dS is
+ *               kept (window_chunks).
  *   group stage K > 128: the same per item step by step over a per-item
  *               scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
@@ -123,15 +126,49 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
     return t;
 }
 
-/* the workspace: the slot table, records, states, dstates, partials and the
- * local stage's scratch of the (segmented) view; with the split, its tables,
- * the h0 / dht / dS rows of every segment and the forward's pass-1 maps */
-struct WsLayout { size_t info_c, rec, states, dstates, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total; int sc; int64_t Ns; };
+/* chunks per window of the state gradients, 0 = none (every chunk's dS kept
+ * at once). The chunk-local stage in clusters walks the chunks in windows,
+ * the last first: the reverse sweep over a window's chunks (from the state
+ * gradient the later window left, dht for the last), then the local stage's
+ * items of that window, so dstates holds one window, a quarter or half of
+ * the chunks (-0.8 GB at qwen3next; each window's partly filled last wave
+ * of items costs ~3% of the backward there, bench/NOTES.md). Where each
+ * window is still ~31 waves of items on the card (4096), and the sequences
+ * are near one length (their windows' empty items at most a quarter of the
+ * full ones: varlen batches of uneven lengths keep every chunk's dS). */
+int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
+    const gdn_config *c = &pl->c;
+    if (!use_local(c->K) || !local_cluster(c->K, pl->G) || Ns <= 0) return 0;
+    int64_t total = 0;
+    for (int64_t n = 0; n < pl->N; n++) {
+        int64_t bos, len;
+        gdn_seq(pl, n, &bos, &len);
+        total += (len + CC - 1) / CC;
+    }
+    const int64_t maxch = sc ? sc : (pl->max_len + CC - 1) / CC;
+    if (4 * Ns * maxch > 5 * total) return 0;
+    for (int nw = 4; nw >= 2; nw /= 2) {
+        const int64_t wn = (maxch + nw - 1) / nw;
+        if (wn < maxch && Ns * wn * c->HV >= 4096) return wn;
+    }
+    return 0;
+}
+
+/* the workspace: the slot table, records, states, dstates (one window's, or
+ * every chunk's), the windows' carried state gradient, partials and the local
+ * stage's scratch of the (segmented) view; with the split, its tables, the
+ * h0 / dht / dS rows of every segment and the forward's pass-1 maps */
+struct WsLayout {
+    size_t info_c, rec, states, dstates, dstates_bytes, carry, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total;
+    int sc;
+    int64_t Ns, wn;
+};
 size_t al(size_t x) { return (x + 255) / 256 * 256; }
 WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     WsLayout l;
     l.sc = allow_split ? split_sc(pl_in) : 0;
     l.Ns = l.sc ? seg_total(pl_in, l.sc) : pl_in->N;
+    l.wn = allow_split ? window_chunks(pl_in, l.sc, l.Ns) : 0;
     gdn_plan view = *pl_in;
     view.N = l.Ns;
     const gdn_plan *pl = &view;
@@ -141,7 +178,15 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     l.info_c = o; o += al(ns * sizeof(int));
     l.rec = o; o += al(items * REC * sizeof(float));
     l.states = o; o += al(items * kv * sizeof(float));
-    l.dstates = o; o += al(items * kv * sizeof(float));
+    l.dstates_bytes = (l.wn ? (size_t)l.Ns * l.wn * c->HV : items) * kv * sizeof(float);   /* one window, or all */
+    if (l.wn) {   /* the forward states' records go there first (fwd_states): room for them, as without windows */
+        gdn_plan fv = view;
+        if (l.sc && fv.max_len > (int64_t)l.sc * CC) fv.max_len = (int64_t)l.sc * CC;
+        const size_t fr = gdn_cuda_chunk_states_ws(&fv);
+        if (fr <= items * kv * sizeof(float) && fr > l.dstates_bytes) l.dstates_bytes = fr;
+    }
+    l.dstates = o; o += al(l.dstates_bytes);
+    l.carry = o; o += l.wn ? al((size_t)l.Ns * c->HV * kv * sizeof(float)) : 0;
     l.part = o; o += al(2 * items * sizeof(double));
     const int64_t F = use_local(c->K) ? (local_cluster(c->K, pl->G) ? 0 : local_scr(c->K).F) : scr_layout(c->K, c->V).F;
     l.scr = o; o += al((size_t)group_slots(pl) * c->HV * F * sizeof(float));
@@ -180,8 +225,7 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
     if (wl.sc && fv.max_len > (int64_t)wl.sc * CC) fv.max_len = (int64_t)wl.sc * CC;
-    const size_t room = (size_t)p.nslots * p.HV * (size_t)p.K * p.V * sizeof(float);
-    if (gdn_cuda_chunk_states_ws(&fv) > room) return 0;
+    if (gdn_cuda_chunk_states_ws(&fv) > wl.dstates_bytes) return 0;
     gdn_fwd_args f;
     memset(&f, 0, sizeof f);
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
@@ -265,19 +309,35 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         SPHASE(3);
     }
     PHASE(1);
+    const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
     if (p.N > 0) {
-        const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
         const int fs = fwd_states(pl, a, p, wl, ws, st);
         if (fs < 0) return cudaErrorLaunchFailure;
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
-        SweepPass<SPLIT>::launch_bwd(p, blocks, st);
+        if (!wl.wn) SweepPass<SPLIT>::launch_bwd(p, blocks, st);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     PHASE(3);
     const Scr o = local ? local_scr(K) : scr_layout(K, V);
-    const int64_t gs = group_slots(&view);
-    for (int64_t s0 = 0; s0 < ns; s0 += gs) {
+    if (wl.wn) {   /* the windows, the last first (window_chunks); their state gradient carried in `carry` */
+        float *carry = reinterpret_cast<float *>(ws + wl.carry);
+        const int64_t maxch = wl.sc ? wl.sc : (pl->max_len + CC - 1) / CC, nw = (maxch + wl.wn - 1) / wl.wn;
+        Grp G;
+        G.s0 = 0; G.scr = nullptr; G.o = o; G.cl = true;
+        for (int64_t w = nw - 1; w >= 0; w--) {
+            BwdArgs q = p;
+            q.w0 = w * wl.wn; q.wn = wl.wn;
+            q.dht = w == nw - 1 ? p.dht : carry;   /* each block reads its part, then writes it over (in place) */
+            q.dh0 = w == 0 ? p.dh0 : carry;
+            SweepPass<SPLIT>::launch_bwd(q, blocks, st);
+            if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
+            else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
+            if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        }
+    }
+    const int64_t gs = wl.wn ? ns : group_slots(&view);
+    for (int64_t s0 = wl.wn ? ns : 0; s0 < ns; s0 += gs) {
         const int64_t s1 = s0 + gs < ns ? s0 + gs : ns;
         Grp G;
         G.s0 = s0; G.scr = reinterpret_cast<float *>(ws + wl.scr); G.o = o; G.cl = local && local_cluster(K, p.G);
@@ -376,6 +436,7 @@ BwdArgs bound_args(const gdn_plan *pl, const gdn_bwd_args *a, const WsLayout &wl
     p.states = reinterpret_cast<float *>(w + wl.states);
     p.dstates = reinterpret_cast<float *>(w + wl.dstates);
     p.part = reinterpret_cast<double *>(w + wl.part);
+    p.w0 = p.wn = 0;   /* run() sets the windows */
     return p;
 }
 }  // namespace

@@ -665,7 +665,18 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     using L = Lay<KH>;
     constexpr int LK = L::LK, NR = KH / 64;
     extern __shared__ __align__(16) float sm[];
-    const int64_t slot = G.s0 + blockIdx.x / p.HV;
+    int64_t slot, n = 0, ci = 0;   /* (sequence, chunk) where the state gradients are windowed */
+    if (p.wn) {                    /* the window's items: chunk w0 + i of sequence n at i + wn n */
+        const int64_t it = blockIdx.x / p.HV;
+        n = it / p.wn;
+        ci = p.w0 + it % p.wn;
+        int64_t bos, len;
+        seq_range(p, n, &bos, &len);
+        if (ci * CC >= len) return;   /* the whole cluster: its blocks share the item */
+        slot = bos / CC + n + ci;
+    } else {
+        slot = G.s0 + blockIdx.x / p.HV;
+    }
     const int j = blockIdx.x % p.HV, h = j / p.G, c = p.slot_c[slot];
     if (c == 0) return;
     const int64_t row0 = p.slot_row0[slot];
@@ -684,7 +695,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *dgc = ek + CC, *dbt = dgc + CC,
           *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC, *gt = red + 32;
     const int64_t so = (slot * p.HV + j) * (int64_t)K * V;
-    const float *S0 = p.states + so, *dS = p.dstates + so;
+    const float *S0 = p.states + so, *dS = dstate_at(p, n, slot, ci, j);
     BP_DECL;
 
     /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight

@@ -153,7 +153,10 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     }
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
-    const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    /* chunks [cb, ce): the whole sequence, or its part in the window */
+    const int64_t nch_all = (len + CC - 1) / CC, sb = bos / CC + n;
+    const int64_t cb = p.wn ? p.w0 : 0, ce = p.wn ? (nch_all < p.w0 + p.wn ? nch_all : p.w0 + p.wn) : nch_all;
+    const int64_t nch = ce > cb ? ce : cb;   /* the walk's top (its first chunk is nch - 1) */
     /* the next chunk's k, dO rows and scalars in registers, its P and Tm by
      * cp.async into their other buffers, while this one computes, and this
      * chunk's q rows from its start (bf16 / f16, K <= 128, aligned, whole
@@ -189,17 +192,17 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     };
     if (pf) {
         for (int e = tid; e < CC * lk; e += NT) Ks[e] = 0.f;   /* columns past K stay zero */
-        if (nch > 0) fetch(nch - 1);
+        if (nch > cb) fetch(nch - 1);
     }
     BP_DECL;
-    for (int64_t ci = nch - 1; ci >= 0; ci--) {
+    for (int64_t ci = nch - 1; ci >= cb; ci--) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
         const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
         const int pb = (int)((nch - 1 - ci) & (nb - 1));
         float *P = Pb + pb * CC * R8, *Tm = Tb + pb * CC * R8, *Y = P;   /* P is read only before Y is written */
         __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */
-        if (p.dstates) store_state(p.dstates + (slot * p.HV + j) * (int64_t)K * V, dS, K, V, v0);   /* none: dh0 only */
+        if (p.dstates) store_state(dstate_at(p, n, slot, ci, j), dS, K, V, v0);   /* none: dh0 only */
         BP(0);
         if (pf) {
             fk.commit(Ks, lk, p.dt, c, K, 0);
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             for (int e = tid; e < (CC - c) * lk; e += NT) Ks[c * lk + e] = 0.f;
             for (int e = tid; e < (CC - c) * R8; e += NT) dO[c * R8 + e] = 0.f;
             fq.issue(p.q, p.dt, row0, c, p.H, h, K, 0, K, EX ? nullptr : rq, 0);
-            if (ci > 0) fetch(ci - 1);
+            if (ci > cb) fetch(ci - 1);
         } else {
             load_qk(p, p.k, EX ? nullptr : p.rstd_k, row0, c, h, Ks, lk);
             if (EX && tid < CC) {
@@ -267,7 +270,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
             Kp, VT, CC, Ks, lk, dO, R8, [&](int i, int v, float acc) { dS[i * R8 + v] += acc; }, gdn::full_k{});
         BP(6);
     }
-    BP_PRINT(blockIdx.x == 0 && nch > 0, "bwd_sweep per chunk: store dS | loads | dU | Y, dO scale | dS -= | q rows | dS +=", 7, nch);
+    BP_PRINT(blockIdx.x == 0 && nch > cb, "bwd_sweep per chunk: store dS | loads | dU | Y, dO scale | dS -= | q rows | dS +=", 7, nch - cb);
     if (p.dh0) {
         __syncthreads();
         for (int e = tid; e < K * VT; e += NT) {

@@ -67,7 +67,9 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     const int K = 128, V = p.V, vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of dS^T: d0, d0 + 8 */
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
-    const int64_t nch = (len + CC - 1) / CC, sb = bos / CC + n;
+    /* chunks [cb, nch): the whole sequence, or its part in the window */
+    const int64_t nch_all = (len + CC - 1) / CC, sb = bos / CC + n, cb = p.wn ? p.w0 : 0;
+    const int64_t ce = p.wn ? (nch_all < p.w0 + p.wn ? nch_all : p.w0 + p.wn) : nch_all, nch = ce > cb ? ce : cb;
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     __nv_bfloat16 *Ph = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::ph), *Pl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::pl);
     __nv_bfloat16 *Th = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::th), *Tl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::tl);
@@ -115,10 +117,10 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
             st[4 * i + e] = p.dht ? p.dht[st_at(p, n, j, kr, vc)] : 0.f;
         }
-    if (nch > 0) fetch(nch - 1, 0);
+    if (nch > cb) fetch(nch - 1, 0);
     const int lm = lane >> 3, lr = lane & 7;
     BP_DECL;
-    for (int64_t ci = nch - 1; ci >= 0; ci--) {
+    for (int64_t ci = nch - 1; ci >= cb; ci--) {
         const int sl = (int)((nch - 1 - ci) & 1);
         char *stg = sm + sl * RStage::bytes;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
@@ -126,9 +128,9 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         gdn::cp_wait_all();
         cfwd::fence_async_smem();
         __syncthreads();   /* stage sl is in; the other stage and the operands of the last chunk are free */
-        if (ci > 0) fetch(ci - 1, sl ^ 1);
+        if (ci > cb) fetch(ci - 1, sl ^ 1);
         if (p.dstates) {   /* dS leaving chunk ci, this thread's part */
-            float *sd = p.dstates + ((sb + ci) * p.HV + j) * (int64_t)K * V;
+            float *sd = dstate_at(p, n, sb + ci, ci, j);
 #pragma unroll
             for (int i = 0; i < 16; i++)
 #pragma unroll
@@ -257,7 +259,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         }
         BP(4);
     }
-    BP_PRINT(blockIdx.x == 0 && nch > 0, "bwd_sweep_t per chunk: wait, fetch, store dS | Tm P split | Z dOP | Y | dS", 5, nch);
+    BP_PRINT(blockIdx.x == 0 && nch > cb, "bwd_sweep_t per chunk: wait, fetch, store dS | Tm P split | Z dOP | Y | dS", 5, nch - cb);
     if (p.dh0) {
 #pragma unroll
         for (int i = 0; i < 16; i++)
