@@ -131,8 +131,9 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
  * the last first: the reverse sweep over a window's chunks (from the state
  * gradient the later window left, dht for the last), then the local stage's
  * items of that window, so dstates holds one window, a quarter or half of
- * the chunks (-0.8 GB at qwen3next; each window's partly filled last wave
- * of items costs ~3% of the backward there, bench/NOTES.md). Where each
+ * the chunks, and, where prep can run a window at a time just before them,
+ * the records too (-1.2 GB at qwen3next; each window's partly filled last
+ * wave of items costs ~3% of the backward there, bench/NOTES.md). Where each
  * window is still ~31 waves of items on the card (4096), and the sequences
  * are near one length (their windows' empty items at most a quarter of the
  * full ones: varlen batches of uneven lengths keep every chunk's dS). */
@@ -160,7 +161,7 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
  * h0 / dht / dS rows of every segment and the forward's pass-1 maps */
 struct WsLayout {
     size_t info_c, rec, states, dstates, dstates_bytes, carry, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total;
-    int sc;
+    int sc, rw;   /* rw: the records windowed with the state gradients */
     int64_t Ns, wn;
 };
 size_t al(size_t x) { return (x + 255) / 256 * 256; }
@@ -174,17 +175,24 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     const gdn_plan *pl = &view;
     const gdn_config *c = &pl->c;
     const size_t ns = (size_t)nslots_of(pl), items = ns * c->HV, kv = (size_t)c->K * c->V;
-    size_t o = al(ns * sizeof(int64_t));
-    l.info_c = o; o += al(ns * sizeof(int));
-    l.rec = o; o += al(items * REC * sizeof(float));
-    l.states = o; o += al(items * kv * sizeof(float));
-    l.dstates_bytes = (l.wn ? (size_t)l.Ns * l.wn * c->HV : items) * kv * sizeof(float);   /* one window, or all */
+    const size_t witems = (size_t)l.Ns * l.wn * c->HV;   /* a window's */
+    l.dstates_bytes = (l.wn ? witems : items) * kv * sizeof(float);   /* one window, or all */
+    l.rw = 0;
     if (l.wn) {   /* the forward states' records go there first (fwd_states): room for them, as without windows */
         gdn_plan fv = view;
         if (l.sc && fv.max_len > (int64_t)l.sc * CC) fv.max_len = (int64_t)l.sc * CC;
         const size_t fr = gdn_cuda_chunk_states_ws(&fv);
-        if (fr <= items * kv * sizeof(float) && fr > l.dstates_bytes) l.dstates_bytes = fr;
+        const bool fs = c->dtype != GDN_F32 && fr <= items * kv * sizeof(float);   /* fwd_states takes the shape */
+        if (fs && fr > l.dstates_bytes) l.dstates_bytes = fr;
+        /* the records a window at a time too, where nothing reads them before the windows: the
+         * forward states come from the chunk forward's kernels (fwd_sweep reads records), no split
+         * (its dS sweep and context parallel's parts read every record first) */
+        l.rw = fs && !l.sc;
     }
+    size_t o = al(ns * sizeof(int64_t));
+    l.info_c = o; o += al(ns * sizeof(int));
+    l.rec = o; o += al((l.rw ? witems : items) * REC * sizeof(float));
+    l.states = o; o += al(items * kv * sizeof(float));
     l.dstates = o; o += al(l.dstates_bytes);
     l.carry = o; o += l.wn ? al((size_t)l.Ns * c->HV * kv * sizeof(float)) : 0;
     l.part = o; o += al(2 * items * sizeof(double));
@@ -277,7 +285,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K))
                    : (one ? GrpPass<false>::attr(K, V) : GrpPass<SPLIT>::attr(K, V))) != cudaSuccess)
         return e;
-    if (part != BACK) PrepPass<SPLIT>::launch(p, st);
+    if (part != BACK && !wl.rw) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
         SPHASE(0);
@@ -313,6 +321,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     if (p.N > 0) {
         const int fs = fwd_states(pl, a, p, wl, ws, st);
         if (fs < 0) return cudaErrorLaunchFailure;
+        if (fs == 0 && wl.rw) return cudaErrorNotSupported;   /* ws_layout saw fwd_states take the shape: never */
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
         if (!wl.wn) SweepPass<SPLIT>::launch_bwd(p, blocks, st);
@@ -330,6 +339,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.w0 = w * wl.wn; q.wn = wl.wn;
             q.dht = w == nw - 1 ? p.dht : carry;   /* each block reads its part, then writes it over (in place) */
             q.dh0 = w == 0 ? p.dh0 : carry;
+            q.rw = wl.rw;
+            if (wl.rw) PrepPass<SPLIT>::launch(q, st);
             SweepPass<SPLIT>::launch_bwd(q, blocks, st);
             if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
             else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
@@ -437,6 +448,7 @@ BwdArgs bound_args(const gdn_plan *pl, const gdn_bwd_args *a, const WsLayout &wl
     p.dstates = reinterpret_cast<float *>(w + wl.dstates);
     p.part = reinterpret_cast<double *>(w + wl.part);
     p.w0 = p.wn = 0;   /* run() sets the windows */
+    p.rw = 0;
     return p;
 }
 }  // namespace

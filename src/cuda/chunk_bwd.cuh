@@ -49,14 +49,20 @@ struct BwdArgs {
     double *part;   /* [2][nslots*HV]: dA_log, ddt_bias partials */
     /* the window of the state gradients (run() in chunk_bwd.cu): wn = 0, every
      * chunk, dstates by slot; else chunks [w0, w0 + wn) of each sequence, the
-     * reverse sweep from dht to dh0 over those only, dstates by (n, i - w0) */
+     * reverse sweep from dht to dh0 over those only, dstates by (n, i - w0),
+     * and the records too where rw (prep then runs a window at a time) */
     int64_t w0, wn;
+    int rw;
 };
 
-/* chunk i of sequence n's state gradient in dstates (its window's place) */
+/* chunk i of sequence n's state gradient in dstates, and its record (their window's place) */
 __device__ __forceinline__ float *dstate_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
     const int64_t at = p.wn ? n * p.wn + (i - p.w0) : slot;
     return p.dstates + (at * p.HV + j) * (int64_t)p.K * p.V;
+}
+__device__ __forceinline__ float *rec_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
+    const int64_t at = p.rw ? n * p.wn + (i - p.w0) : slot;
+    return p.rec + (at * p.HV + j) * (int64_t)REC;
 }
 
 __device__ __forceinline__ void seq_range(const BwdArgs &p, int64_t n, int64_t *bos, int64_t *len) {

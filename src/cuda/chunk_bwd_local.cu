@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     const int j = blockIdx.x % p.HV, h = j / p.G, c = p.slot_c[slot];
     if (c == 0) return;
     const int64_t row0 = p.slot_row0[slot];
-    const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+    const float *rec = rec_at(p, n, slot, ci, j);
     const int K = p.K, V = p.V, Kp = k8(K), tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wr = (warp & 3) * 16, wc = warp >> 2, kc0 = wc * (KH / 2), cc0 = wc * 32, pi0 = panel_i0();
     float *Kc = sm + L::Kc, *Tm = sm + L::Tm, *PT = sm + L::P;

@@ -47,7 +47,15 @@ __host__ __device__ constexpr int prep_qk_floats(bool wg, int lk) { return wg ? 
 template <bool SPLIT, bool EX, bool WG>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
-    const int64_t slot = blockIdx.x;
+    int64_t slot = blockIdx.x, n = 0, ci = 0;
+    if (p.rw) {   /* a window's records: chunk w0 + i of sequence n at i + wn n */
+        n = (int64_t)blockIdx.x / p.wn;
+        ci = p.w0 + (int64_t)blockIdx.x % p.wn;
+        int64_t bos, len;
+        seq_range(p, n, &bos, &len);
+        if (ci * CC >= len) return;
+        slot = bos / CC + n + ci;
+    }
     const int j = blockIdx.y, h = j / p.G, K = p.K, tid = threadIdx.x, lk = ld4(k8(K));
     const int c = p.slot_c[slot];
     if (c == 0) return;
@@ -55,7 +63,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     float *Qs = sm, *Ks = Qs + CC * lk, *As = sm + prep_qk_floats(WG, lk), *Ts = As + CC * RS;
     double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
-    float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+    float *rec = rec_at(p, n, slot, ci, j);
     BP_DECL;
     /* the per-token loads issued first (they gate the first barrier), then the
      * q, k rows; the gate and beta formed after: cpu/load.c gdn_cpu_load_gate,
@@ -200,7 +208,7 @@ template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) {
     return e != cudaSuccess || K != 128 ? e : smem_attr(prep_kernel<SPLIT, true, true>, prep_smem(K, true));
 }
 template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
-    const dim3 grid((unsigned)p.nslots, (unsigned)p.HV);
+    const dim3 grid((unsigned)(p.rw ? p.N * p.wn : p.nslots), (unsigned)p.HV);
     if (p.dt == 1 && p.K == 128 && al16(p.q) && al16(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K, true), st>>>(p);
     else if (p.dt != 0) prep_kernel<SPLIT, true, false><<<grid, NT, prep_smem(p.K, false), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
     else prep_kernel<SPLIT, false, false><<<grid, NT, prep_smem(p.K, false), st>>>(p);

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
         const int pb = (int)((nch - 1 - ci) & (nb - 1));
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
-        const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        const float *rec = rec_at(p, n, slot, ci, j);
         fk.issue(p.k, p.dt, row0, c, p.H, h, K, 0, K, EX ? nullptr : rk, 0);
         if (EX && tid < c) {
             frk = rk ? rk[(row0 + tid) * p.H + h] : 1.f;
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     for (int64_t ci = nch - 1; ci >= cb; ci--) {
         const int64_t slot = sb + ci, row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
-        const float *rec = p.rec + (slot * p.HV + j) * (int64_t)REC;
+        const float *rec = rec_at(p, n, slot, ci, j);
         const int pb = (int)((nch - 1 - ci) & (nb - 1));
         float *P = Pb + pb * CC * R8, *Tm = Tb + pb * CC * R8, *Y = P;   /* P is read only before Y is written */
         __syncthreads();   /* dS complete; the previous chunk's arrays no longer read */

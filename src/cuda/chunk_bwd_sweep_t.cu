@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
                                              : dO + (row * p.HV + j) * (int64_t)V + vcol0 + c16 * 8;
             gdn::cp16(dst, src, in);
         }
-        const float *rec = p.rec + ((sb + ci) * p.HV + j) * (int64_t)REC;
+        const float *rec = rec_at(p, n, sb + ci, ci, j);
 #pragma unroll
         for (int u = 0; u < 2 * CC * CC / 4 / TT; u++) {
             const int e = tid + u * TT;
