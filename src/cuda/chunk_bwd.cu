@@ -136,7 +136,10 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
  * wave of items costs ~3% of the backward there, bench/NOTES.md). Where each
  * window is still ~31 waves of items on the card (4096), and the sequences
  * are near one length (their windows' empty items at most a quarter of the
- * full ones: varlen batches of uneven lengths keep every chunk's dS). */
+ * full ones: varlen batches of uneven lengths keep every chunk's dS). The
+ * window a few chunks longer where that fills the waves better (the fewest
+ * waves of clusters, one block an SM, over all windows): windows change no
+ * bit, so their size may follow the card's SM count. */
 int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     const gdn_config *c = &pl->c;
     if (!use_local(c->K) || !local_cluster(c->K, pl->G) || Ns <= 0) return 0;
@@ -149,8 +152,19 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     const int64_t maxch = sc ? sc : (pl->max_len + CC - 1) / CC;
     if (4 * Ns * maxch > 5 * total) return 0;
     for (int nw = 4; nw >= 2; nw /= 2) {
-        const int64_t wn = (maxch + nw - 1) / nw;
-        if (wn < maxch && Ns * wn * c->HV >= 4096) return wn;
+        const int64_t w1 = (maxch + nw - 1) / nw;
+        if (w1 >= maxch || Ns * w1 * c->HV < 4096) continue;
+        const int64_t per = Ns * c->HV / pl->G, wave = sm_count() / pl->G;   /* clusters a chunk index, a wave */
+        int64_t best = w1, best_waves = INT64_MAX;
+        for (int64_t wn = w1; wn < w1 + 8 && wn < maxch; wn++) {
+            int64_t waves = 0;
+            for (int64_t i0 = 0; i0 < maxch; i0 += wn) {
+                const int64_t len = maxch - i0 < wn ? maxch - i0 : wn;
+                waves += (per * len + wave - 1) / wave;
+            }
+            if (waves < best_waves) { best = wn; best_waves = waves; }
+        }
+        return best;
     }
     return 0;
 }
