@@ -19,9 +19,10 @@
  * then SiLU and rounding on cpu/act.h's vectors, store: conv_rows_bf16;
  * outputs of GDN_STREAM_BYTES or more by streaming stores, cpu/stream.h),
  * other rows through f32 row buffers. The backward
- * deals whole channel blocks to threads, each walking its blocks SB tokens
- * at a time across them (rows again), so every block's dweight / dbias is
- * summed in token order (fp32 over SB tokens, then fp64) and has the same
+ * deals whole channel blocks to threads, each walking its blocks SBB tokens
+ * at a time across them (rows again; twice the forward's SB, which halves
+ * the sub-blocks' fixed cost), so every block's dweight / dbias is
+ * summed in token order (fp32 over SBB tokens, then fp64) and has the same
  * bits whatever the thread count; bf16 full blocks take their first pass
  * (dz, the sums) and their dx rows in one pass each (bwd_rows_bf16,
  * dx_rows_bf16, dx rounded on the vectors and streaming as y does). Both
@@ -36,7 +37,7 @@
 #include <omp.h>
 #endif
 
-enum { CB = 64, SB = 16, TC = 256, WMAX = 8 };
+enum { CB = 64, SB = 16, SBB = 32, TC = 256, WMAX = 8 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -391,11 +392,11 @@ static void bwd_sub(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, in
     const gdn_dtype dt = c->dtype;
     const float(*wt)[CB] = (const float(*)[CB])st->wt;
     float dwf[WMAX][CB], dbf[CB];
-    const int nb = (int)(L + W - 1 - tb < SB ? L + W - 1 - tb : SB);
+    const int nb = (int)(L + W - 1 - tb < SBB ? L + W - 1 - tb : SBB);
     const int nr = (int)(L - tb < 0 ? 0 : (L - tb < nb ? L - tb : nb));   /* real tokens */
     if (nc < CB) {   /* the scratch's channels past nc stay zero */
-        memset(xb, 0, sizeof(float) * (SB + WMAX - 1) * CB);
-        memset(dyb, 0, sizeof(float) * SB * CB);
+        memset(xb, 0, sizeof(float) * (SBB + WMAX - 1) * CB);
+        memset(dyb, 0, sizeof(float) * SBB * CB);
     }
     memcpy(xb, st->xw, sizeof(float) * (size_t)(W - 1) * CB);
     memcpy(dzb, st->dzw, sizeof(float) * (size_t)(W - 1) * CB);
@@ -450,14 +451,14 @@ static void bwd_sub(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, in
     memcpy(st->dzw, dzb + nb * CB, sizeof(float) * (size_t)(W - 1) * CB);
 }
 
-/* Channel blocks cb0..cb1-1 (one thread), every sequence: SB tokens at a time
+/* Channel blocks cb0..cb1-1 (one thread), every sequence: SBB tokens at a time
  * across the blocks, so memory is walked by rows (a block walked alone down
  * every token touches a new 4 KiB page a row). Each block's sums still run
  * in token order (fp32 over a sub-block, then fp64), so the bits do not
  * depend on how the blocks are dealt to threads. */
 static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int cb0, int cb1, bwd_state *st) {
     const int W = c->W, D = c->D;
-    float xb[(SB + WMAX - 1) * CB], dzb[(SB + WMAX - 1) * CB], dyb[SB * CB], zb[SB * CB];
+    float xb[(SBB + WMAX - 1) * CB], dzb[(SBB + WMAX - 1) * CB], dyb[SBB * CB], zb[SBB * CB];
     memset(xb, 0, sizeof xb); memset(dzb, 0, sizeof dzb); memset(dyb, 0, sizeof dyb);
     for (int cb = cb0; cb < cb1; cb++) {
         bwd_state *b = st + (cb - cb0);
@@ -474,8 +475,8 @@ static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
             memset(b->xw, 0, sizeof b->xw); memset(b->dzw, 0, sizeof b->dzw);
             for (int j = 0; j < W - 1; j++) state_row(a->h0, n, D, W, d0, nc, j - (W - 1), b->xw + j * CB);
         }
-        for (int64_t tb = 0; tb < L + W - 1; tb += SB) {
-            for (int64_t i = tb + SB; i < tb + 2 * SB && i < L; i++)   /* the next sub-block's rows of these blocks */
+        for (int64_t tb = 0; tb < L + W - 1; tb += SBB) {
+            for (int64_t i = tb + SBB; i < tb + 2 * SBB && i < L; i++)   /* the next sub-block's rows of these blocks */
                 for (int cb = cb0; cb < cb1; cb++) {
                     prefetch_row(c->dtype, a->x, (bos + i) * D + cb * CB);
                     prefetch_row(c->dtype, a->dy, (bos + i) * D + cb * CB);
