@@ -14,7 +14,9 @@
  * through a small row buffer that carries the last W-1 inputs. The forward
  * threads over chunks of the flattened tokens (TC rows or fewer; no
  * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
- * a time across all channel blocks, i.e. memory row by row; a bf16 row of a
+ * a time across all channel blocks, i.e. memory row by row, prefetching
+ * each block's x rows PFS sub-blocks ahead (where x comes from memory
+ * rather than L3, its rows 4 KiB apart otherwise wait on it); a bf16 row of a
  * full channel block goes in one pass (convert, convolve into an fp32 row,
  * then SiLU and rounding on cpu/act.h's vectors, store: conv_rows_bf16;
  * outputs of GDN_STREAM_BYTES or more by streaming stores, cpu/stream.h),
@@ -37,7 +39,7 @@
 #include <omp.h>
 #endif
 
-enum { CB = 64, SB = 16, SBB = 32, TC = 256, WMAX = 8 };
+enum { CB = 64, SB = 16, SBB = 32, TC = 256, WMAX = 8, PFS = 2 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -319,8 +321,11 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
             const int64_t e = bos + L < g1 ? bos + L : g1;
             for (int64_t tb = g - bos; tb < e - bos; tb += SB) {
                 const int64_t te = tb + SB < e - bos ? tb + SB : e - bos;
+                /* the block's x rows PFS sub-blocks ahead (flattened rows, any sequence) */
+                const int64_t p0 = bos + te + (PFS - 1) * SB, p1 = p0 + SB < R ? p0 + SB : R;
                 for (int cb = 0; cb < ncb; cb++) {
                     const float *wb = wall + (size_t)cb * (WMAX + 1) * CB;
+                    for (int64_t i = p0; i < p1; i++) prefetch_row(c->dtype, a->x, i * D + cb * CB);
                     fwd_piece(c, a, n, bos, L, tb, te, cb * CB, D - cb * CB < CB ? D - cb * CB : CB,
                               (const float(*)[CB])wb, wb + WMAX * CB, xb, z);
                 }
