@@ -61,12 +61,12 @@ static inline gdn_av gdn_bf16_load_v(const uint16_t *p) {
 #endif
 }
 
-/* gdn_f32_bf16 of each lane; stored into p (any alignment) */
-static inline gdn_vh gdn_f32_bf16_v(gdn_av f) {
+/* gdn_f32_bf16 of each lane, in the low 16 bits of a 32-bit lane */
+static inline gdn_vu gdn_f32_bf16_u(gdn_av f) {
     const gdn_vu u = (gdn_vu)f;
     const gdn_vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
     const gdn_vu nan = (gdn_vu)((u & 0x7fffffffu) > 0x7f800000u);
-    return __builtin_convertvector((q & nan) | (r & ~nan), gdn_vh);
+    return (q & nan) | (r & ~nan);
 }
 /* With AVX512-BF16 one vcvtneps2bf16: the same rounding and the same quiet
  * NaN, but denormal inputs flushed to zero, which no input here is: the CPU
@@ -77,12 +77,9 @@ static inline void gdn_bf16_store_v(uint16_t *p, gdn_av f) {
 #if defined(__AVX512BF16__) && GDN_AVL == 16
     _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)f));
 #elif defined(__AVX512F__) && GDN_AVL == 16
-    const gdn_vu u = (gdn_vu)f;
-    const gdn_vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-    const gdn_vu nan = (gdn_vu)((u & 0x7fffffffu) > 0x7f800000u);
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)((q & nan) | (r & ~nan))));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)gdn_f32_bf16_u(f)));
 #else
-    const gdn_vh h = gdn_f32_bf16_v(f);
+    const gdn_vh h = __builtin_convertvector(gdn_f32_bf16_u(f), gdn_vh);
     memcpy(p, &h, sizeof h);
 #endif
 }

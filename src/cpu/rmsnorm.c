@@ -128,24 +128,24 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
     const int64_t rows = c->rows;
     const int V = c->V;
     if (rows == 0) return 0;
-    const int nt = (int64_t)threads > rows ? (int)rows : threads;
-    float *scratch = malloc((size_t)nt * 2 * (size_t)V * sizeof(float));
-    if (!scratch) return -1;
+    const int nt = (int64_t)threads > rows ? (int)rows : threads, bf = c->dtype == GDN_BF16;
+    float *scratch = bf ? NULL : malloc((size_t)nt * 2 * (size_t)V * sizeof(float));   /* bf16 rows need none */
+    if (!bf && !scratch) return -1;
     #pragma omp parallel num_threads(nt)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *xr = scratch + (size_t)tid * 2 * V, *zr = xr + V;
         const unsigned m = gdn_ftz_begin();
-        if (c->dtype == GDN_BF16) {   /* the thread's rows as omp for's static schedule deals them */
+        if (bf) {   /* a contiguous share of the rows a thread (rows are independent: no bit depends on it) */
             int nth = 1;
 #ifdef _OPENMP
             nth = omp_get_num_threads();
 #endif
             fwd_rows_bf16(c, x, z, w, y, rstd, rows * tid / nth, rows * (tid + 1) / nth);
         } else {
+            float *xr = scratch + (size_t)tid * 2 * V, *zr = xr + V;
             #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; r++) fwd_rows(c, x, z, w, y, rstd, r, xr, zr);
         }

@@ -55,16 +55,17 @@ struct BwdArgs {
     int rw;
 };
 
-/* chunk i of sequence n's state gradient in dstates, and its record (their window's place) */
+/* chunk i of sequence n's state gradient in dstates, and its record: by
+ * slot, or where windowed at their window's place (n, i - w0) */
+__device__ __forceinline__ int64_t window_at(const BwdArgs &p, bool win, int64_t n, int64_t slot, int64_t i) {
+    return win ? n * p.wn + (i - p.w0) : slot;
+}
 __device__ __forceinline__ float *dstate_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
-    const int64_t at = p.wn ? n * p.wn + (i - p.w0) : slot;
-    return p.dstates + (at * p.HV + j) * (int64_t)p.K * p.V;
+    return p.dstates + (window_at(p, p.wn != 0, n, slot, i) * p.HV + j) * (int64_t)p.K * p.V;
 }
 __device__ __forceinline__ float *rec_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
-    const int64_t at = p.rw ? n * p.wn + (i - p.w0) : slot;
-    return p.rec + (at * p.HV + j) * (int64_t)REC;
+    return p.rec + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * (int64_t)REC;
 }
-
 __device__ __forceinline__ void seq_range(const BwdArgs &p, int64_t n, int64_t *bos, int64_t *len) {
     *bos = p.cu ? p.cu[n] : n * p.T;
     *len = p.cu ? p.cu[n + 1] - *bos : p.T;
@@ -74,6 +75,24 @@ __device__ __forceinline__ int64_t slot_base(const BwdArgs &p, int64_t n) {
     seq_range(p, n, &bos, &len);
     return bos / CC + n;
 }
+/* item x of a window's launch (prep, the local stage): chunk w0 + x % wn of
+ * sequence x / wn; false past the sequence's end (no chunk) */
+__device__ __forceinline__ bool window_item(const BwdArgs &p, int64_t x, int64_t *n, int64_t *i, int64_t *slot) {
+    *n = x / p.wn;
+    *i = p.w0 + x % p.wn;
+    int64_t bos, len;
+    seq_range(p, *n, &bos, &len);
+    *slot = bos / CC + *n + *i;
+    return *i * CC < len;
+}
+/* a reverse sweep's chunks of sequence n (nch_all of them): [*cb, *top), the
+ * whole sequence or its part in the window (empty: *top = *cb) */
+__device__ __forceinline__ void sweep_range(const BwdArgs &p, int64_t nch_all, int64_t *cb, int64_t *top) {
+    *cb = p.wn ? p.w0 : 0;
+    const int64_t ce = p.wn && p.w0 + p.wn < nch_all ? p.w0 + p.wn : nch_all;
+    *top = ce > *cb ? ce : *cb;
+}
+
 #ifdef GDN_BWD_PROFILE   /* cycles per step, thread 0 */
 #define BP_DECL long long bp_[25] = {0}, bt_ = clock64()   /* BP(0..24) */
 #define BP(k) do { if (threadIdx.x == 0) { const long long t1_ = clock64(); bp_[k] += t1_ - bt_; bt_ = t1_; } } while (0)

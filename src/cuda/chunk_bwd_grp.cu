@@ -289,28 +289,28 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                         Bs[q * lb + n] = v.x; Bs[(q + 1) * lb + n] = v.y; Bs[(q + 2) * lb + n] = v.z; Bs[(q + 3) * lb + n] = v.w;
                     });
         } else {
-        batched(
-            64 * MK,
-            [&](int e) {
-                const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK, gq = kc + q;
-                if (!mm_in(i, gq, M, Kd, tri)) return 0.f;
-                return A.t ? A.p[(int64_t)gq * A.ld + i] : A.p[(int64_t)i * A.ld + gq];
-            },
-            [&](int e, float v) {
-                const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK;
-                As[i * MA + q] = v;
-            });
-        batched(
-            MK * nw,
-            [&](int e) {
-                const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw, gq = kc + q;
-                if (gq >= Kd || n >= N) return 0.f;
-                return B.t ? B.p[(int64_t)n * B.ld + gq] : B.p[(int64_t)gq * B.ld + n];
-            },
-            [&](int e, float v) {
-                const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw;
-                Bs[q * lb + n] = v;
-            });
+            batched(
+                64 * MK,
+                [&](int e) {
+                    const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK, gq = kc + q;
+                    if (!mm_in(i, gq, M, Kd, tri)) return 0.f;
+                    return A.t ? A.p[(int64_t)gq * A.ld + i] : A.p[(int64_t)i * A.ld + gq];
+                },
+                [&](int e, float v) {
+                    const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK;
+                    As[i * MA + q] = v;
+                });
+            batched(
+                MK * nw,
+                [&](int e) {
+                    const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw, gq = kc + q;
+                    if (gq >= Kd || n >= N) return 0.f;
+                    return B.t ? B.p[(int64_t)n * B.ld + gq] : B.p[(int64_t)gq * B.ld + n];
+                },
+                [&](int e, float v) {
+                    const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw;
+                    Bs[q * lb + n] = v;
+                });
         }
         __syncthreads();
 #pragma unroll

@@ -666,14 +666,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     constexpr int LK = L::LK, NR = KH / 64;
     extern __shared__ __align__(16) float sm[];
     int64_t slot, n = 0, ci = 0;   /* (sequence, chunk) where the state gradients are windowed */
-    if (p.wn) {                    /* the window's items: chunk w0 + i of sequence n at i + wn n */
-        const int64_t it = blockIdx.x / p.HV;
-        n = it / p.wn;
-        ci = p.w0 + it % p.wn;
-        int64_t bos, len;
-        seq_range(p, n, &bos, &len);
-        if (ci * CC >= len) return;   /* the whole cluster: its blocks share the item */
-        slot = bos / CC + n + ci;
+    if (p.wn) {                    /* the window's items */
+        if (!window_item(p, blockIdx.x / p.HV, &n, &ci, &slot)) return;   /* the whole cluster: its blocks share the item */
     } else {
         slot = G.s0 + blockIdx.x / p.HV;
     }

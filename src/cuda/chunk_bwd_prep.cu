@@ -48,14 +48,7 @@ template <bool SPLIT, bool EX, bool WG>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
     int64_t slot = blockIdx.x, n = 0, ci = 0;
-    if (p.rw) {   /* a window's records: chunk w0 + i of sequence n at i + wn n */
-        n = (int64_t)blockIdx.x / p.wn;
-        ci = p.w0 + (int64_t)blockIdx.x % p.wn;
-        int64_t bos, len;
-        seq_range(p, n, &bos, &len);
-        if (ci * CC >= len) return;
-        slot = bos / CC + n + ci;
-    }
+    if (p.rw && !window_item(p, blockIdx.x, &n, &ci, &slot)) return;   /* a window's records */
     const int j = blockIdx.y, h = j / p.G, K = p.K, tid = threadIdx.x, lk = ld4(k8(K));
     const int c = p.slot_c[slot];
     if (c == 0) return;

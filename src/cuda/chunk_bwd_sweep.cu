@@ -153,10 +153,9 @@ __global__ void __launch_bounds__(NT, 1) bwd_sweep_kernel(BwdArgs p) {
     }
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
-    /* chunks [cb, ce): the whole sequence, or its part in the window */
-    const int64_t nch_all = (len + CC - 1) / CC, sb = bos / CC + n;
-    const int64_t cb = p.wn ? p.w0 : 0, ce = p.wn ? (nch_all < p.w0 + p.wn ? nch_all : p.w0 + p.wn) : nch_all;
-    const int64_t nch = ce > cb ? ce : cb;   /* the walk's top (its first chunk is nch - 1) */
+    const int64_t sb = bos / CC + n;
+    int64_t cb, nch;   /* chunks [cb, nch), walked from nch - 1 */
+    sweep_range(p, (len + CC - 1) / CC, &cb, &nch);
     /* the next chunk's k, dO rows and scalars in registers, its P and Tm by
      * cp.async into their other buffers, while this one computes, and this
      * chunk's q rows from its start (bf16 / f16, K <= 128, aligned, whole

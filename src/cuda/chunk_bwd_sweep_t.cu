@@ -67,9 +67,9 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     const int K = 128, V = p.V, vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of dS^T: d0, d0 + 8 */
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
-    /* chunks [cb, nch): the whole sequence, or its part in the window */
-    const int64_t nch_all = (len + CC - 1) / CC, sb = bos / CC + n, cb = p.wn ? p.w0 : 0;
-    const int64_t ce = p.wn ? (nch_all < p.w0 + p.wn ? nch_all : p.w0 + p.wn) : nch_all, nch = ce > cb ? ce : cb;
+    const int64_t sb = bos / CC + n;
+    int64_t cb, nch;   /* chunks [cb, nch), walked from nch - 1 */
+    sweep_range(p, (len + CC - 1) / CC, &cb, &nch);
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     __nv_bfloat16 *Ph = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::ph), *Pl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::pl);
     __nv_bfloat16 *Th = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::th), *Tl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::tl);
