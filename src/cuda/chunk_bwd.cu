@@ -25,7 +25,9 @@
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
  *               for bf16 / f16 inputs the chunk forward's state kernels
- *               instead (fwd_states below)
+ *               instead (fwd_states below), in windows (below) a window at
+ *               a time from checkpoints: a first walk keeps only the state
+ *               entering each window
  *   bwd_sweep   per (n, j, 64 columns of V), chunks in reverse: dS leaving
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
  *               Both sweeps fetch the next chunk into registers while the
@@ -44,7 +46,9 @@
  *               groups (all HV heads of a slot in one group); in clusters,
  *               windows of chunks the last first, each the reverse sweep
  *               over its chunks then its items, so only one window's dS is
- *               kept (window_chunks).
+ *               kept (window_chunks), and where the forward states come
+ *               from the chunk forward's kernels only one window's states
+ *               and records too.
  *   group stage K > 128: the same per item step by step over a per-item
  *               scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
@@ -132,8 +136,11 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
  * gradient the later window left, dht for the last), then the local stage's
  * items of that window, so dstates holds one window, a quarter or half of
  * the chunks, and, where prep can run a window at a time just before them,
- * the records too (-1.2 GB at qwen3next; each window's partly filled last
- * wave of items costs ~3% of the backward there, bench/NOTES.md). Where each
+ * the records and the forward states too, each window's from the state
+ * entering it (a checkpoint), kept by a first walk over the windows without
+ * stores (-1.9 GB at qwen3next; each window's partly filled last wave of
+ * items costs ~3% of the backward there, the checkpoints' walk ~5%,
+ * bench/NOTES.md). Where each
  * window is still ~31 waves of items on the card (4096), and the sequences
  * are near one length (their windows' empty items at most a quarter of the
  * full ones: varlen batches of uneven lengths keep every chunk's dS). The
@@ -174,9 +181,9 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
  * stage's scratch of the (segmented) view; with the split, its tables, the
  * h0 / dht / dS rows of every segment and the forward's pass-1 maps */
 struct WsLayout {
-    size_t info_c, rec, states, dstates, dstates_bytes, carry, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total;
-    int sc, rw;   /* rw: the records windowed with the state gradients */
-    int64_t Ns, wn;
+    size_t info_c, rec, states, dstates, dstates_bytes, carry, ckpt, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total;
+    int sc, rw;   /* rw: the records and forward states windowed with the state gradients */
+    int64_t Ns, wn, nw;   /* chunks a window, windows */
 };
 size_t al(size_t x) { return (x + 255) / 256 * 256; }
 WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
@@ -184,6 +191,8 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     l.sc = allow_split ? split_sc(pl_in) : 0;
     l.Ns = l.sc ? seg_total(pl_in, l.sc) : pl_in->N;
     l.wn = allow_split ? window_chunks(pl_in, l.sc, l.Ns) : 0;
+    const int64_t maxch = l.sc ? l.sc : (pl_in->max_len + CC - 1) / CC;
+    l.nw = l.wn ? (maxch + l.wn - 1) / l.wn : 0;
     gdn_plan view = *pl_in;
     view.N = l.Ns;
     const gdn_plan *pl = &view;
@@ -195,20 +204,23 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     if (l.wn) {   /* the forward states' records go there first (fwd_states): room for them, as without windows */
         gdn_plan fv = view;
         if (l.sc && fv.max_len > (int64_t)l.sc * CC) fv.max_len = (int64_t)l.sc * CC;
-        const size_t fr = gdn_cuda_chunk_states_ws(&fv);
+        size_t fr = gdn_cuda_chunk_states_ws(&fv, 0);
         const bool fs = c->dtype != GDN_F32 && fr <= items * kv * sizeof(float);   /* fwd_states takes the shape */
-        if (fs && fr > l.dstates_bytes) l.dstates_bytes = fr;
-        /* the records a window at a time too, where nothing reads them before the windows: the
-         * forward states come from the chunk forward's kernels (fwd_sweep reads records), no split
-         * (its dS sweep and context parallel's parts read every record first) */
+        /* the records and the forward states a window at a time too, where nothing reads them
+         * before the windows: the forward states from the chunk forward's kernels (fwd_sweep reads
+         * records), no split (its dS sweep and context parallel's parts read every record first).
+         * The states of a window then start from its checkpoint (win_states) */
         l.rw = fs && !l.sc;
+        if (l.rw) fr = gdn_cuda_chunk_states_ws(&fv, l.wn);
+        if (fs && fr > l.dstates_bytes) l.dstates_bytes = fr;
     }
     size_t o = al(ns * sizeof(int64_t));
     l.info_c = o; o += al(ns * sizeof(int));
     l.rec = o; o += al((l.rw ? witems : items) * REC * sizeof(float));
-    l.states = o; o += al(items * kv * sizeof(float));
+    l.states = o; o += al((l.rw ? witems : items) * kv * sizeof(float));
     l.dstates = o; o += al(l.dstates_bytes);
     l.carry = o; o += l.wn ? al((size_t)l.Ns * c->HV * kv * sizeof(float)) : 0;
+    l.ckpt = o; o += l.rw ? al((size_t)(l.nw - 1) * l.Ns * c->HV * kv * sizeof(float)) : 0;   /* windows 1.. */
     l.part = o; o += al(2 * items * sizeof(double));
     const int64_t F = use_local(c->K) ? (local_cluster(c->K, pl->G) ? 0 : local_scr(c->K).F) : scr_layout(c->K, c->V).F;
     l.scr = o; o += al((size_t)group_slots(pl) * c->HV * F * sizeof(float));
@@ -240,18 +252,28 @@ enum Part { WHOLE, FRONT, BACK };
  * kernels where they take the shape (gdn_cuda_chunk_states: bf16 / f16; the
  * transposed kernel for K = 128 and V in 128-column blocks, the general one
  * otherwise), their records in the dstates area (written only later, by the
- * reverse sweep) where they fit. 1: queued; 0: nothing queued, fwd_sweep's
- * job; -1: a launch failed */
-int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st) {
+ * reverse sweep) where they fit: every chunk's into p.states (w < 0), or,
+ * where the states are windowed (wl.rw), window w's from its checkpoint
+ * (ckpt_at; h0 for the first) into `states` at the window's places (or
+ * nowhere: NULL) and the state after it into `ht` (or NULL). 1: queued;
+ * 0: nothing queued, fwd_sweep's job; -1: a launch failed */
+float *ckpt_at(const WsLayout &wl, char *ws, int64_t w, int HV, size_t kv) {
+    return reinterpret_cast<float *>(ws + wl.ckpt) + (size_t)(w - 1) * wl.Ns * HV * kv;
+}
+int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st,
+               int64_t w = -1, float *states = nullptr, float *ht = nullptr) {
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
     if (wl.sc && fv.max_len > (int64_t)wl.sc * CC) fv.max_len = (int64_t)wl.sc * CC;
-    if (gdn_cuda_chunk_states_ws(&fv) > wl.dstates_bytes) return 0;
+    const int64_t wn = w < 0 ? 0 : wl.wn;
+    if (gdn_cuda_chunk_states_ws(&fv, wn) > wl.dstates_bytes) return 0;
     gdn_fwd_args f;
     memset(&f, 0, sizeof f);
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
-    return gdn_cuda_chunk_states(&fv, &f, ws + wl.dstates, p.states, st);
+    if (w > 0) f.h0 = ckpt_at(wl, ws, w, p.HV, (size_t)p.K * p.V);
+    f.ht = ht;
+    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, st);
 }
 
 cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st,
@@ -332,10 +354,14 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     }
     PHASE(1);
     const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
-    if (p.N > 0) {
+    if (p.N > 0 && wl.rw) {   /* the checkpoints: a walk over every window but the last, no states stored */
+        for (int64_t w = 0; w + 1 < wl.nw; w++)
+            if (fwd_states(pl, a, p, wl, ws, st, w, nullptr, ckpt_at(wl, ws, w + 1, HV, (size_t)K * V)) != 1)
+                return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
+        PHASE(2);
+    } else if (p.N > 0) {
         const int fs = fwd_states(pl, a, p, wl, ws, st);
         if (fs < 0) return cudaErrorLaunchFailure;
-        if (fs == 0 && wl.rw) return cudaErrorNotSupported;   /* ws_layout saw fwd_states take the shape: never */
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
         if (!wl.wn) SweepPass<SPLIT>::launch_bwd(p, blocks, st);
@@ -345,16 +371,18 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     const Scr o = local ? local_scr(K) : scr_layout(K, V);
     if (wl.wn) {   /* the windows, the last first (window_chunks); their state gradient carried in `carry` */
         float *carry = reinterpret_cast<float *>(ws + wl.carry);
-        const int64_t maxch = wl.sc ? wl.sc : (pl->max_len + CC - 1) / CC, nw = (maxch + wl.wn - 1) / wl.wn;
         Grp G;
         G.s0 = 0; G.scr = nullptr; G.o = o; G.cl = true;
-        for (int64_t w = nw - 1; w >= 0; w--) {
+        for (int64_t w = wl.nw - 1; w >= 0; w--) {
             BwdArgs q = p;
             q.w0 = w * wl.wn; q.wn = wl.wn;
-            q.dht = w == nw - 1 ? p.dht : carry;   /* each block reads its part, then writes it over (in place) */
+            q.dht = w == wl.nw - 1 ? p.dht : carry;   /* each block reads its part, then writes it over (in place) */
             q.dh0 = w == 0 ? p.dh0 : carry;
             q.rw = wl.rw;
-            if (wl.rw) PrepPass<SPLIT>::launch(q, st);
+            if (wl.rw) {   /* the window's forward states from its checkpoint, then its records */
+                if (fwd_states(pl, a, p, wl, ws, st, w, p.states) != 1) return cudaErrorLaunchFailure;
+                PrepPass<SPLIT>::launch(q, st);
+            }
             SweepPass<SPLIT>::launch_bwd(q, blocks, st);
             if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
             else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);

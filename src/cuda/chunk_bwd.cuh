@@ -50,13 +50,14 @@ struct BwdArgs {
     /* the window of the state gradients (run() in chunk_bwd.cu): wn = 0, every
      * chunk, dstates by slot; else chunks [w0, w0 + wn) of each sequence, the
      * reverse sweep from dht to dh0 over those only, dstates by (n, i - w0),
-     * and the records too where rw (prep then runs a window at a time) */
+     * and the records and forward states too where rw (prep and the forward
+     * states then run a window at a time) */
     int64_t w0, wn;
     int rw;
 };
 
-/* chunk i of sequence n's state gradient in dstates, and its record: by
- * slot, or where windowed at their window's place (n, i - w0) */
+/* chunk i of sequence n's state gradient in dstates, its record and its
+ * forward state: by slot, or where windowed at their window's place (n, i - w0) */
 __device__ __forceinline__ int64_t window_at(const BwdArgs &p, bool win, int64_t n, int64_t slot, int64_t i) {
     return win ? n * p.wn + (i - p.w0) : slot;
 }
@@ -65,6 +66,9 @@ __device__ __forceinline__ float *dstate_at(const BwdArgs &p, int64_t n, int64_t
 }
 __device__ __forceinline__ float *rec_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
     return p.rec + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * (int64_t)REC;
+}
+__device__ __forceinline__ const float *state_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
+    return p.states + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * (int64_t)p.K * p.V;
 }
 __device__ __forceinline__ void seq_range(const BwdArgs &p, int64_t n, int64_t *bos, int64_t *len) {
     *bos = p.cu ? p.cu[n] : n * p.T;

@@ -688,8 +688,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     double *gcd = reinterpret_cast<double *>(sm + L::end);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *dgc = ek + CC, *dbt = dgc + CC,
           *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC, *gt = red + 32;
-    const int64_t so = (slot * p.HV + j) * (int64_t)K * V;
-    const float *S0 = p.states + so, *dS = dstate_at(p, n, slot, ci, j);
+    const float *S0 = state_at(p, n, slot, ci, j), *dS = dstate_at(p, n, slot, ci, j);
     BP_DECL;
 
     /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight

@@ -109,7 +109,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
         tr = p.K == 128 && p.V % 128 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
              tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
              tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
-    if (p.states && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences */
+    if (p.smode && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences or a window */
     if (tr) {
         e = StateTPass<E>::attr();
         if (e != cudaSuccess) return e;
@@ -159,7 +159,9 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
     p.scale = c->scale; p.flags = c->flags;
     p.sc = sc;
+    p.smode = 0;
     p.states = nullptr;
+    p.w0 = p.wn = 0;
     const WsLayout wl = ws_layout(pl, sc);
     p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
     p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
@@ -169,7 +171,7 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
 
 cudaError_t run(const gdn_plan *pl, const ChunkArgs &p, void *ws, cudaStream_t st, Part part) {
     const gdn_config *c = &pl->c;
-    const int maxch = (int)((pl->max_len + CC - 1) / CC);
+    const int maxch = p.wn ? p.wn : (int)((pl->max_len + CC - 1) / CC);   /* the prep's chunks a sequence */
     const int64_t rows = c->B * c->T;
     return c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st, part)
                                 : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st, part);
@@ -194,16 +196,21 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     return GDN_OK;
 }
 
-extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl) { return ws_layout(pl, 0).total; }
+extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl, int64_t wn) {
+    return wn ? (size_t)pl->N * wn * pl->c.HV * REC : ws_layout(pl, 0).total;
+}
 
-extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, void *ws, float *states, void *stream) {
+extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
+                                     void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
     gdn_fwd_args b = *a;
-    b.o = nullptr; b.ht = nullptr; b.saved = nullptr;   /* the rstd recomputed, nothing of the caller's written */
+    b.o = nullptr; b.saved = nullptr;   /* the rstd recomputed; of the caller's arrays only states and ht written */
     ChunkArgs p = args_of(pl, &b, 0, ws);
+    p.smode = 1;
     p.states = states;
+    p.w0 = (int)w0; p.wn = (int)wn;
     const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk states launch: %s", cudaGetErrorString(e)), -1;

@@ -39,9 +39,16 @@ struct ChunkArgs {
     int sc, maxseg, nvb_v, pass;
     int tma;   /* the tensor maps of q, k, v are valid (else every chunk comes by cp.async) */
     float *seg_s, *seg_p, *seg_in;   /* [segment slot][HV] x (K x V, K x K, K x V), k-first */
-    /* the backward's states: each chunk's entering state, [slot][HV][K][V]
-     * fp32 k-first, and no o (the transposed state kernel only; else NULL) */
+    /* the backward's states mode (smode; whole sequences or a window): no o,
+     * each chunk's entering state into states ([slot][HV][K][V] fp32 k-first)
+     * where that is not NULL, ht where that is not */
+    int smode;
     float *states;
+    /* a window of chunks (wn > 0; pass 0): chunks [w0, w0 + wn) of each
+     * sequence, from h0 (the state entering chunk w0, h0's layout) to ht (the
+     * state after the window's last chunk); the records and states at
+     * n * wn + i - w0 instead of the slot (rec_slot) */
+    int w0, wn;
 };
 
 /* ---- tensor-core primitives ---- */
@@ -282,6 +289,17 @@ constexpr int LT = CC + 8, REC_T = CC * CC * 2, REC_F = F_N * CC * 4, REC = REC_
 /* element offset of (t, s) in a blocked C x C matrix (T, P) */
 __device__ __forceinline__ int blk64(int t, int s) { return ((t >> 3) * 8 + (s >> 3)) * 64 + (t & 7) * 8 + (s & 7); }
 __device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return bos / CC + n + i; }
+/* where chunk i of sequence n's record (and state) is: its slot, or its place in the window */
+__device__ __forceinline__ int64_t rec_slot(const ChunkArgs &p, int64_t bos, int n, int i) {
+    return p.wn ? (int64_t)n * p.wn + (i - p.w0) : slot_of(bos, n, i);
+}
+/* a state walk's chunks [*i0, *nch) of a sequence of nch_all chunks, segment sg (the split), or the
+ * window; false: none to walk and nothing to write (a later segment, or a window past the end) */
+__device__ __forceinline__ bool walk_range(const ChunkArgs &p, int sg, int nch_all, int *i0, int *nch) {
+    *i0 = p.sc ? sg * p.sc : p.w0;
+    *nch = p.sc ? min(nch_all, *i0 + p.sc) : p.wn ? min(nch_all, p.w0 + p.wn) : nch_all;
+    return !((sg > 0 || p.wn) && *i0 >= *nch);
+}
 
 __device__ __forceinline__ void seq_range(const ChunkArgs &p, int n, int64_t *bos, int64_t *len) {
     *bos = p.cu ? p.cu[n] : (int64_t)n * p.T;

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
     float *AT[2] = {reinterpret_cast<float *>(sm + S::at0), reinterpret_cast<float *>(sm + S::at1)};
     float *gcs = reinterpret_cast<float *>(sm + S::f), *bts = gcs + 2 * CC, *rk = bts + 2 * CC, *rq = rk + CC;
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
-    const int i = blockIdx.x % maxch, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
+    const int i = blockIdx.x % maxch + p.w0, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
     /* the state kernel may start launching (it waits for this grid before reading the records) */
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     int64_t bos, len;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
         /* the records: T blocked (zero above the diagonal), then the per-token rows */
         for (int hh = 0; hh < nh; hh++) {
             const float *A = AT[hh];
-            char *rec = ws + (slot_of(bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC;
+            char *rec = ws + (rec_slot(p, bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC;
             for (int x = tid; x < CC * CC / 8; x += PT) {
                 const int r = x % CC, c8 = (x / CC) * 8;   /* a warp: 32 rows, one column group: conflict-free column reads */
                 uint4 v;
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
         for (int x = tid; x < nh * CC; x += PT) {
             const int hh = x / CC, t = x % CC;
             const float *gc = gcs + hh * CC;
-            float *recf = reinterpret_cast<float *>(ws + (slot_of(bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC + REC_T);
+            float *recf = reinterpret_cast<float *>(ws + (rec_slot(p, bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC + REC_T);
             const float gt = gc[t], bt = bts[hh * CC + t], eg = __expf(gt), rkt = rk[t], rqt = rq[t];
             recf[F_GC * CC + t] = gt;
             recf[F_BT * CC + t] = bt;

@@ -1,7 +1,7 @@
 /* CUDA chunk forward, kernel 2 (the state walk, general form: any K, V and
  * alignment): per (sequence or segment, value head, BV columns of V) the state
  * in fp32 registers across the chunks, the outputs O, and the final state (ht,
- * or in pass 1 the segment's map); or, for the backward (p.states), each
+ * or in pass 1 the segment's map); or, for the backward (p.smode), each
  * chunk's entering state and no O; its launcher. */
 #include "cuda/chunk_fwd.cuh"
 
@@ -34,9 +34,9 @@ template <int KT, int BV> struct StateSmem {
     static constexpr uint32_t fetch_bytes = CC * (2 * LK + LV) * 2 + REC_T + REC_F;
 };
 
-/* STS: the backward's states mode (p.states, whole sequences, pass 0): each
- * chunk's entering state stored, no O (a separate instance, so the forward's
- * code is untouched) */
+/* STS: the backward's states mode (p.smode, whole sequences or a window,
+ * pass 0): each chunk's entering state stored where p.states is not NULL, no
+ * O (a separate instance, so the forward's code is untouched) */
 template <int KT, int BV, typename E, bool STS>
 __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using S = StateSmem<KT, BV>;
@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
-    const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;   /* chunks [i0, nch) */
-    if (sg > 0 && i0 >= nch) return;
+    int i0, nch;   /* chunks [i0, nch) */
+    if (!walk_range(p, sg, nch_all, &i0, &nch)) return;
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
     const bool want_o = !STS && p.pass != 1;            /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
         const E *qs = static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K;
         const E *vs = static_cast<const E *>(p.v) + (row0 * p.HV + j) * p.V;
-        const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC + REC_T;
+        const char *rec = ws + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)REC + REC_T;
         char *f = sm + S::f + (i & 1) * REC_F;
         if (bulk(i)) {
             if (w == 0) {
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         if (S::K2) fetch_k(i);
     };
     auto fetch_t = [&](int i) {
-        const char *rec = ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC;
+        const char *rec = ws + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)REC;
         if (!bulk(i))
             for (int x = tid; x < REC_T / 16; x += ST) cp16(reinterpret_cast<char *>(Ts) + 16 * x, rec + 16 * x, true);
         else if (tid == 0) bulk_copy(Ts, rec, REC_T, mb);
@@ -158,8 +158,8 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
         const E *Ks = reinterpret_cast<const E *>(sm + ((i & 1) ? S::k1 : S::k0));
         const float *gc = reinterpret_cast<const float *>(sm + S::f + (i & 1) * REC_F), *bt = gc + F_BT * CC,
                     *rk = gc + F_RK * CC, *rq = gc + F_RQ * CC;
-        if (STS) {   /* the state entering chunk i, this thread's part, two columns a store where V is even */
-            float *sd = p.states + (slot_of(bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+        if (STS && p.states) {   /* the state entering chunk i, this thread's part, two columns a store where V is even */
+            float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
 #pragma unroll
             for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
 #endif
 #undef PROF
     /* the final state: ht (the last segment), or the segment's P / S_loc */
-    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all)) {
+    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all || p.wn)) {
 #pragma unroll
         for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
@@ -393,7 +393,7 @@ template <int KT, int BV, typename E> cudaError_t StatePass<KT, BV, E>::attr() {
 template <int KT, int BV, typename E>
 cudaError_t StatePass<KT, BV, E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm,
                                          cudaStream_t st) {
-    if (p.states) chunk_state_kernel<KT, BV, E, true><<<blocks, ST, StateSmem<KT, BV>::bytes, st>>>(p, ws, tm);
+    if (p.smode) chunk_state_kernel<KT, BV, E, true><<<blocks, ST, StateSmem<KT, BV>::bytes, st>>>(p, ws, tm);
     else chunk_state_kernel<KT, BV, E, false><<<blocks, ST, StateSmem<KT, BV>::bytes, st>>>(p, ws, tm);
     return cudaGetLastError();
 }

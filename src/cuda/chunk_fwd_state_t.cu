@@ -47,8 +47,9 @@ __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.syn
 __device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(5 + cg) : "memory"); }
 __device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
 
-/* ST: the backward's states mode (p.states): each chunk's entering state
- * stored, no o (a separate instance, so the forward's code is untouched) */
+/* ST: the backward's states mode (p.smode): each chunk's entering state
+ * stored where p.states is not NULL, no o (a separate instance, so the
+ * forward's code is untouched) */
 template <typename E, bool ST>
 __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using M = mma_traits<E>;
@@ -67,8 +68,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
-    const int i0 = p.sc ? sg * p.sc : 0, nch = p.sc ? min(nch_all, i0 + p.sc) : nch_all;
-    if (sg > 0 && i0 >= nch) return;
+    int i0, nch;   /* chunks [i0, nch) */
+    if (!walk_range(p, sg, nch_all, &i0, &nch)) return;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
      * of P (K x K, from I, with v = 0) */
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             tma_rows(stg + TStage::v, &tm.v, vcol0, j, row0, mb);
             tma_rows(stg + TStage::v + 8192, &tm.v, vcol0 + 64, j, row0, mb);
         }
-        bulk_copy(stg + TStage::rec, ws + (slot_of(bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
+        bulk_copy(stg + TStage::rec, ws + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
     };
 
     /* S^T: st[4 i + e] = S[k = 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] */
@@ -134,8 +135,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
         const int64_t row0 = bos + (int64_t)i * CC;
         const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
-        if (ST) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
-            float *sd = p.states + (slot_of(bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+        if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
+            float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
 #pragma unroll
             for (int q = 0; q < 16; q++)
 #pragma unroll
@@ -308,7 +309,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #endif
 #undef TPROF
     /* the final state: ht (the last segment), or the segment's P / S_loc */
-    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all)) {
+    if (float *dst = state_dst(p, pmode, segslot, j, nch == nch_all || p.wn)) {
 #pragma unroll
         for (int i = 0; i < 16; i++)
 #pragma unroll
@@ -335,7 +336,7 @@ cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const cha
         cudaLaunchConfig_t lc = {};
         lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.dynamicSmemBytes = TSmem::bytes; lc.stream = st;
         lc.attrs = at; lc.numAttrs = 1;
-        return p.states ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true>, p, ws, tm)
+        return p.smode ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true>, p, ws, tm)
                         : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false>, p, ws, tm);
     }
     chunk_state_t_kernel<E, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */

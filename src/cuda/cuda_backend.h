@@ -59,13 +59,18 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
                                    void *stream);
 /* the chunk backward's states from the chunk forward's state kernels (bf16 /
  * f16; the transposed form where K = 128, V is whole 128-column blocks and
- * the TMA takes the tensors, else the general one; whole sequences of the
- * plan, h0 where given): the state entering
- * each chunk into states ([slot][HV][K][V] fp32 k-first, slot = bos / 64 + n
- * + i), no o or ht, over a workspace of gdn_cuda_chunk_states_ws bytes.
+ * the TMA takes the tensors, else the general one): the state entering each
+ * chunk into states (when not NULL; [slot][HV][K][V] fp32 k-first, slot =
+ * bos / 64 + n + i) and the final state into a->ht (when not NULL), no o,
+ * over a workspace of gdn_cuda_chunk_states_ws(p, wn) bytes. wn = 0: whole
+ * sequences of the plan from a->h0; else a window: chunks [w0, w0 + wn) of
+ * each sequence from a->h0 (the states entering chunk w0, in h0's layout),
+ * states at [n * wn + i - w0][HV][K][V], ht the states after the window
+ * (written only where the window holds a chunk).
  * 1: queued; 0: not this shape (nothing queued); -1: a launch failed */
-size_t gdn_cuda_chunk_states_ws(const gdn_plan *p);
-int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, void *ws, float *states, void *stream);
+size_t gdn_cuda_chunk_states_ws(const gdn_plan *p, int64_t wn);
+int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
+                          void *stream);
 /* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
 void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
