@@ -99,15 +99,32 @@ void gdn_chunk_u(const gdn_plan *p, int c, const float *S0, chunk_ws *w) {
     gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->Tm, CS, 0, w->X, V, 0, 0, w->U, V);
 }
 
+/* Kd_s = exp(gc_last - gc_s) k_s */
+static void decayed_keys(int c, int K, chunk_ws *w) {
+    for (int s = 0; s < c; s++) {
+        const float e = w->E[(c - 1) * CS + s];
+        for (int i = 0; i < K; i++) w->Kd[s * K + i] = e * w->Kc[s * K + i];
+    }
+}
+
 void gdn_chunk_state_step(const gdn_plan *p, int c, float *S, chunk_ws *w) {
     const int K = p->c.K, V = p->c.V;
     const float dl = w->gam[c - 1];
     for (int64_t x = 0; x < (int64_t)K * V; x++) S[x] *= dl;
-    for (int s = 0; s < c; s++) {
-        const float e = w->E[(c - 1) * CS + s];   /* exp(gc_last - gc_s) */
-        for (int i = 0; i < K; i++) w->Kd[s * K + i] = e * w->Kc[s * K + i];
-    }
+    decayed_keys(c, K, w);
     gdn_gemm(K, V, c, 1.f, w->Kd, K, 1, w->U, V, 0, 1, S, V);
+}
+
+/* The same step written v-first: S1^T = exp(gc_last) S0^T + U^T Kd, S0^T and
+ * S1^T [V,K] (S0 = 0 where S0t is NULL). Each element is the k-first step's
+ * sum of the same products in the same order: the same bits. */
+static void state_step_vfirst(const gdn_plan *p, int c, const float *S0t, float *S1t, chunk_ws *w) {
+    const int K = p->c.K, V = p->c.V;
+    const float dl = w->gam[c - 1];
+    if (S0t) for (int64_t x = 0; x < (int64_t)K * V; x++) S1t[x] = dl * S0t[x];
+    else memset(S1t, 0, sizeof(float) * K * V);
+    decayed_keys(c, K, w);
+    gdn_gemm(V, K, c, 1.f, w->U, V, 1, w->Kd, K, 0, 1, S1t, K);
 }
 
 /* ---- the driver ----
@@ -171,19 +188,38 @@ size_t gdn_cpu_chunk_fwd_ws(const gdn_plan *p) {
     return seg_index + (split_floats(p, sc) + per_thread_floats(p) * (size_t)p->threads) * sizeof(float);
 }
 
+/* n floats at x toward the cache, one 64-byte line per prefetch */
+static void prefetch_floats(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 16) __builtin_prefetch(x + i, 0, 3);
+}
+
 /* Run tokens [t_from, t_to) of sequence n (rows from bos) for the G value
  * heads of q/k head h, from states S[G][K*V] (updated in place), writing o.
- * q, k rows and their products are loaded and formed once for the group. */
+ * q, k rows and their products are loaded and formed once for the group.
+ * A span of one chunk may instead read its G states v-first ([V,K],
+ * consecutive) from h0t, each transposed into S just before its head runs
+ * and fetched ahead (the first during the q/k products, the next during a
+ * head: a transposed read waits on memory where a copy streams), and write
+ * them to htt as S1^T from the update itself, with no transpose; NULL h0t:
+ * S as the caller filled it, NULL htt: S updated in place. */
 static void forward_span(const gdn_plan *p, const gdn_fwd_args *a, const chunk_in *in, int64_t bos,
-                         int64_t t_from, int64_t t_to, int h, float *S, float *O, chunk_ws *w) {
+                         int64_t t_from, int64_t t_to, int h, float *S, const float *h0t, float *htt,
+                         float *O, chunk_ws *w) {
     const int K = p->c.K, V = p->c.V, HV = p->c.HV, G = p->G;
+    const size_t KV = (size_t)K * V;
     for (int64_t t0 = t_from; t0 < t_to; t0 += CS) {
         const int c = t_to - t0 < CS ? (int)(t_to - t0) : CS;
         const int cn = t_to - t0 - CS < CS ? (int)(t_to - t0 - CS) : CS;
+        if (h0t) prefetch_floats(h0t, KV);
         gdn_chunk_prepare_qk(p, in, bos + t0, c, h, w);
         if (cn > 0) gdn_cpu_prefetch_chunk(p, a->q, a->k, NULL, NULL, bos + t0 + CS, cn, h, 0);
         for (int j = h * G; j < (h + 1) * G; j++) {
-            float *Sj = S + (size_t)(j - h * G) * K * V;
+            const size_t off = (j - h * G) * KV;
+            float *Sj = S + off;
+            if (h0t) {
+                if (j + 1 < (h + 1) * G) prefetch_floats(h0t + off + KV, KV);
+                gdn_transpose(h0t + off, K, V, K, Sj, V);
+            }
             gdn_chunk_prepare_head(p, in, bos + t0, c, j, w);
             if (cn > 0) gdn_cpu_prefetch_chunk(p, NULL, NULL, a->v, a->o, bos + t0 + CS, cn, h, j);
             gdn_chunk_u(p, c, Sj, w);
@@ -195,7 +231,8 @@ static void forward_span(const gdn_plan *p, const gdn_fwd_args *a, const chunk_i
             gdn_gemm(c, V, K, 1.f, w->Qs, K, 0, Sj, V, 0, 0, O, V);
             gdn_gemm_tri(GDN_TRI_LOWER_A, c, V, c, 1.f, w->P, CS, 0, w->U, V, 0, 1, O, V);
             for (int t = 0; t < c; t++) gdn_store(p->c.dtype, a->o, ((bos + t0 + t) * HV + j) * V, O + t * V, V);
-            gdn_chunk_state_step(p, c, Sj, w);
+            if (htt) state_step_vfirst(p, c, h0t ? h0t + off : NULL, htt + off, w);
+            else gdn_chunk_state_step(p, c, Sj, w);
         }
     }
 }
@@ -300,14 +337,19 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
                 t_from = (sg - seg0[n]) * sc * CS;
                 if (t_from + sc * CS < len) t_to = t_from + sc * CS;
             }
+            /* v-first states of a sequence of one chunk go to and from its loop directly */
+            const int direct = (p->c.flags & GDN_STATE_V_FIRST) && !split && len > 0 && len <= CS;
+            const size_t group = ((size_t)n * HV + (size_t)h * G) * K * V;
+            const float *h0t = direct && a->h0 ? a->h0 + group : NULL;
+            float *htt = direct && a->ht ? a->ht + group : NULL;
             for (int j = h * G; j < (h + 1) * G; j++) {
                 float *Sj = S + (size_t)(j - h * G) * K * V;
                 if (split) memcpy(Sj, maps + (size_t)(sg * HV + j) * map_floats + (size_t)K * K, sizeof(float) * K * V);
-                else gdn_cpu_load_state(p, a->h0, n, j, Sj);
+                else if (!h0t) gdn_cpu_load_state(p, a->h0, n, j, Sj);
             }
             chunk_in in = { a->q, a->k, a->v, a->g, a->beta, a->A_log, a->dt_bias, NULL, NULL, sv.rstd_q, sv.rstd_k };
-            forward_span(p, a, &in, bos, t_from, t_to, h, S, O, &w);
-            if (a->ht && t_to == len)
+            forward_span(p, a, &in, bos, t_from, t_to, h, S, h0t, htt, O, &w);
+            if (a->ht && t_to == len && !direct)
                 for (int j = h * G; j < (h + 1) * G; j++)
                     gdn_cpu_store_state(p, a->ht, n, j, S + (size_t)(j - h * G) * K * V);
         }

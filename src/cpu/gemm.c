@@ -70,11 +70,14 @@ static void micro_colA(int Kd, const float *A, int64_t lda, const float *B, int6
     micro(Kd, A, 1, lda, B, bs, alpha, acc, C, ldc, mr, nr);
 }
 
-/* dst[p*ld + j] = src[j*ls + p] for j < nj, p < np: the transposed pack.
- * Scalar moves cost as much as the product itself for a 64 x 128 x 128
- * block, so full 16 x 16 tiles go through registers. */
+/* dst[p*ld + j] = src[j*ls + p] for j < nj, p < np (gemm.h): the transposed
+ * pack of op(B), and the v-first states' transposes. Scalar moves cost as
+ * much as the product itself for a 64 x 128 x 128 block, so full tiles go
+ * through registers: 16 x 16 with AVX-512, else 8 x 8 by three rounds of
+ * two-vector shuffles (GCC / Clang vector extensions). */
 #if defined(__AVX512F__)
-static void tile16(const float *s, int64_t ls, float *d, int64_t ld) {
+#define TB 16
+static void tile(const float *s, int64_t ls, float *d, int64_t ld) {
     __m512 r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(s + i * ls);
     for (int i = 0; i < 16; i += 2) {          /* 32-bit interleave of row pairs */
@@ -99,19 +102,46 @@ static void tile16(const float *s, int64_t ls, float *d, int64_t ld) {
         _mm512_storeu_ps(d + (m + 12) * ld, _mm512_shuffle_f32x4(v1, v3, 0xDD));
     }
 }
+#else
+#define TB 8
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int v8i __attribute__((vector_size(32)));
+#if defined(__clang__)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
+static void tile(const float *src, int64_t ls, float *dst, int64_t ld) {
+    v8f r[8], t[8];
+    for (int i = 0; i < 8; i++) memcpy(&r[i], src + i * ls, sizeof(v8f));
+    for (int i = 0; i < 8; i += 2) {   /* pairs of rows interleaved */
+        t[i] = SHUF(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = SHUF(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)     /* pairs of pairs */
+        for (int k = 0; k < 2; k++) {
+            r[i + k] = SHUF(t[i + k], t[i + k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            r[i + k + 2] = SHUF(t[i + k], t[i + k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int k = 0; k < 4; k++) {      /* 128-bit halves */
+        t[k] = SHUF(r[k], r[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        t[k + 4] = SHUF(r[k], r[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    /* t[k] holds column c of the tile for k = 0, 2, 1, 3, 4, 6, 5, 7 -> c = 0, 1, 2, 3, 4, 5, 6, 7 */
+    static const int col[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int k = 0; k < 8; k++) memcpy(dst + col[k] * ld, &t[k], sizeof(v8f));
+}
+#undef SHUF
 #endif
 
-static void transpose(const float *src, int64_t ls, int nj, int np, float *dst, int64_t ld) {
-    int j0 = 0;
-#if defined(__AVX512F__)
-    for (j0 = 0; j0 + 16 <= nj; j0 += 16)
-        for (int p = 0; p + 16 <= np; p += 16) tile16(src + (int64_t)j0 * ls + p, ls, dst + (int64_t)p * ld + j0, ld);
-    const int p0 = np / 16 * 16;
-    /* ragged edges: columns p >= p0 for the tiled rows, then the leftover rows */
-    for (int j = 0; j < j0; j++)
-        for (int p = p0; p < np; p++) dst[(int64_t)p * ld + j] = src[(int64_t)j * ls + p];
-#endif
-    for (int j = j0; j < nj; j++)
+void gdn_transpose(const float *src, int64_t ls, int nj, int np, float *dst, int64_t ld) {
+    const int j1 = nj / TB * TB, p1 = np / TB * TB;
+    for (int j0 = 0; j0 < j1; j0 += TB)
+        for (int p = 0; p < p1; p += TB) tile(src + (int64_t)j0 * ls + p, ls, dst + (int64_t)p * ld + j0, ld);
+    /* ragged edges: columns p >= p1 of the tiled rows, then the leftover rows */
+    for (int j = 0; j < j1; j++)
+        for (int p = p1; p < np; p++) dst[(int64_t)p * ld + j] = src[(int64_t)j * ls + p];
+    for (int j = j1; j < nj; j++)
         for (int p = 0; p < np; p++) dst[(int64_t)p * ld + j] = src[(int64_t)j * ls + p];
 }
 
@@ -125,7 +155,7 @@ static void gemm_block(int tri, int M, int N, int Kd, float alpha, const float *
         const float *Bp = B + j0;
         int64_t bs = ldb;
         if (tb || nr < NR) {
-            if (tb) transpose(B + (int64_t)j0 * ldb, ldb, nr, Kd, Bpack, NR);
+            if (tb) gdn_transpose(B + (int64_t)j0 * ldb, ldb, nr, Kd, Bpack, NR);
             for (int p = 0; p < Kd; p++) {
                 float *dst = Bpack + (int64_t)p * NR;
                 if (!tb) memcpy(dst, B + (int64_t)p * ldb + j0, sizeof(float) * nr);

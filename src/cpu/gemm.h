@@ -24,6 +24,10 @@ void gdn_gemm_tri(int tri, int M, int N, int Kd, float alpha,
                   const float *B, int64_t ldb, int tb,
                   int accumulate, float *C, int64_t ldc);
 
+/* dst[p*ld + j] = src[j*ls + p] for j < nj, p < np: src's nj rows of np
+ * floats become dst's np rows of nj, in register tiles */
+void gdn_transpose(const float *src, int64_t ls, int nj, int np, float *dst, int64_t ld);
+
 #endif
 
 /* the build's float vector (AVX-512: 16 lanes, else 8) */
