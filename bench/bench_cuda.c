@@ -46,6 +46,7 @@ int main(void) {
         struct { const char *name; int64_t B, T; int H, HV, K; gdn_dtype dt; unsigned flags; int varlen; } cs[] = {
             {"qwen3next", 4, 8192, 16, 32, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 0},
             {"long1", 1, 65536, 2, 8, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 0},
+            {"tp8_4k", 8, 4096, 2, 4, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 0},
             {"varlen", 1, 32768, 16, 32, 128, GDN_BF16, GDN_QK_L2NORM | GDN_GATE_FUSED | GDN_BETA_SIGMOID, 1},
             {"d256", 16, 4096, 8, 8, 256, GDN_F16, 0, 0}};
         printf("%-40s %10s %9s %9s\n", "chunk forward", "time us", "TFLOP/s", "GB/s");

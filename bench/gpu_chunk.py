@@ -42,6 +42,7 @@ def fla_lift_640_guard():
 CHUNK_SHAPES = [
     ChunkShape("qwen3next", 4, 8192, 16, 32, 128, torch.bfloat16, fused=True),
     ChunkShape("long1", 1, 65536, 2, 8, 128, torch.bfloat16, fused=True),
+    ChunkShape("tp8_4k", 8, 4096, 2, 4, 128, torch.bfloat16, fused=True),
     ChunkShape("varlen", 1, 32768, 16, 32, 128, torch.bfloat16, fused=True, varlen=True),
     ChunkShape("d256", 16, 4096, 8, 8, 256, torch.float16, fused=False),
 ]

@@ -534,15 +534,20 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
          *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns);
     const size_t sizes[6] = {nq, nq, nv, ng, ng, ns}, esz[6] = {dsz, dsz, dsz, 4, 4, 4};
     const char *names[6] = {"dq", "dk", "dv", "da", "db", "dh0"};
-    void *out[2][6], *host[2][6], *dAl = NULL, *ddtb = NULL;   /* dA_log, ddt_bias: sums over every sequence, not compared */
+    void *out[3][6] = {{NULL}}, *host[3][6] = {{NULL}}, *dAl = NULL, *ddtb = NULL;   /* dA_log, ddt_bias: sums over every sequence, not compared */
     cudaMalloc(&dAl, 4 * HV); cudaMalloc(&ddtb, 4 * HV);
-    size_t wbs[2] = {0, 0};
+    size_t wbs[3] = {0, 0, 0};
     gdn_exec ex = cuda_ex;
     ex.seq_split = 1;
     int ok = 1;
-    for (int run = 0; run < 2 && ok; run++) {   /* 0: the four sequences, 1: the first alone */
-        gdn_config c = {.B = run ? 1 : B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
-        const size_t sv = gdn_chunk_saved_size(&c), wf = gdn_chunk_fwd_workspace_size(&ex, &c), wb = gdn_chunk_bwd_workspace_size(&ex, &c);
+    /* 0: the four sequences (the backward's windows start from the forward's checkpoints), 1: the
+     * first alone (no windows), 2: the four again after a forward cut into segments (which keeps no
+     * checkpoints: the backward walks to them itself) */
+    for (int run = 0; run < 3 && ok; run++) {
+        gdn_exec exf = ex;
+        exf.seq_split = run == 2 ? 2 : 1;
+        gdn_config c = {.B = run == 1 ? 1 : B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
+        const size_t sv = gdn_chunk_saved_size(&c), wf = gdn_chunk_fwd_workspace_size(&exf, &c), wb = gdn_chunk_bwd_workspace_size(&ex, &c);
         wbs[run] = wb;
         void *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dO = NULL;
         cudaMalloc(&dsv, sv + 4); cudaMalloc(&dwsf, wf + 4); cudaMalloc(&dwsb, wb + 4); cudaMalloc(&dO, nv * dsz);
@@ -557,7 +562,7 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
                            .saved = dsv, .saved_bytes = sv, .dout = ddo, .dht = ddht, .dq = out[run][0], .dk = out[run][1],
                            .dv = out[run][2], .dg = out[run][3], .dbeta = out[run][4], .dA_log = dAl, .ddt_bias = ddtb,
                            .dh0 = (float *)out[run][5], .workspace = dwsb, .workspace_bytes = wb};
-        gdn_status s = gdn_chunk_fwd(&ex, &c, &fa);
+        gdn_status s = gdn_chunk_fwd(&exf, &c, &fa);
         if (s == GDN_OK) s = gdn_chunk_bwd(&ex, &c, &ba);
         const cudaError_t e = cudaDeviceSynchronize();
         ok = check(s == GDN_OK && e == cudaSuccess, ctx, "run %d: status %s (%s), cuda %s", run, gdn_status_string(s),
@@ -569,14 +574,17 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
     if (ok) {
         /* without windows the four sequences' workspace is ~3.98 times the one's (517 slots against 130) */
         check(8 * wbs[0] + wbs[1] < 32 * wbs[1], ctx, "workspace %zu bytes for 4 sequences, %zu for one: no windows", wbs[0], wbs[1]);
-        for (int i = 0; i < 6; i++) {
-            size_t nan = 0;
-            for (size_t x = 0; x < sizes[i]; x++) nan += t_get(i < 3 ? dt : GDN_F32, host[0][i], x) != t_get(i < 3 ? dt : GDN_F32, host[0][i], x);
-            check(nan == 0, ctx, "%s: %zu of %zu elements not written", names[i], nan, sizes[i]);
-            check(!memcmp(host[0][i], host[1][i], sizes[i] / B * esz[i]), ctx, "%s of sequence 0: windows change its bits", names[i]);
-        }
+        for (int run = 0; run < 3; run += 2)
+            for (int i = 0; i < 6; i++) {
+                size_t nan = 0;
+                for (size_t x = 0; x < sizes[i]; x++)
+                    nan += t_get(i < 3 ? dt : GDN_F32, host[run][i], x) != t_get(i < 3 ? dt : GDN_F32, host[run][i], x);
+                check(nan == 0, ctx, "run %d, %s: %zu of %zu elements not written", run, names[i], nan, sizes[i]);
+                check(!memcmp(host[run][i], host[1][i], sizes[i] / B * esz[i]), ctx, "run %d, %s of sequence 0: windows change its bits",
+                      run, names[i]);
+            }
     }
-    for (int run = 0; run < 2; run++)
+    for (int run = 0; run < 3; run++)
         for (int i = 0; i < 6; i++) { cudaFree(out[run][i]); free(host[run][i]); }
     void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dAl, ddtb};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);

@@ -80,12 +80,20 @@ static inline void gdn_seq(const gdn_plan *p, int64_t n, int64_t *bos, int64_t *
     else { *bos = n * p->c.T; *len = p->c.T; }
 }
 
-/* saved-for-backward layout: [rstd_q B*T*H][rstd_k B*T*H] with L2NORM, else nothing */
+/* saved-for-backward layout: [rstd_q B*T*H][rstd_k B*T*H] with L2NORM, else
+ * nothing; then, where gdn_saved_ckpts says, at the next 256 bytes a tag (an
+ * int) and 256 bytes on nck states [nck][N][HV][K][V] fp32 in h0's layout:
+ * the CUDA forward's checkpoints for the backward's windows (the tag says
+ * which windows they are, 0: none; the CPU backend leaves them unused) */
 typedef struct gdn_saved_layout {
     float *rstd_q, *rstd_k;
+    int *ckpt_tag;
+    float *ckpt;
+    int nck;
 } gdn_saved_layout;
 size_t gdn_saved_bytes(const gdn_config *c);   /* common/saved.c */
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved);
+int gdn_saved_ckpts(const gdn_config *c);
 
 /* Denormals flushed to zero inside the CPU kernels' threads, restored on
  * exit: a state under hard decay (g ~ -20) drifts into the denormal range,

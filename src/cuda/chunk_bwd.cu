@@ -261,7 +261,7 @@ float *ckpt_at(const WsLayout &wl, char *ws, int64_t w, int HV, size_t kv) {
     return reinterpret_cast<float *>(ws + wl.ckpt) + (size_t)(w - 1) * wl.Ns * HV * kv;
 }
 int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st,
-               int64_t w = -1, float *states = nullptr, float *ht = nullptr) {
+               int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0) {
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
@@ -273,7 +273,16 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
     if (w > 0) f.h0 = ckpt_at(wl, ws, w, p.HV, (size_t)p.K * p.V);
     f.ht = ht;
-    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, st);
+    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st);
+}
+
+/* the tag of the forward's checkpoints of windows of wn chunks in saved */
+int ckpt_tag(int64_t wn) { return 0x47440000 | (int)(wn & 0xffff); }
+
+/* the forward's checkpoints (saved) into the workspace's, where their tag says they are those of these windows */
+__global__ void ckpt_copy_kernel(const int *tag, int want, const float *src, float *dst, int64_t n) {
+    if (*tag != want) return;   /* saved is 4-byte aligned: one float a load */
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) dst[e] = src[e];
 }
 
 cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLayout &wl, char *ws, cudaStream_t st,
@@ -295,7 +304,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
     cudaEvent_t ev[5], eq[2], es[4];
-    float qk_ms = 0.f;
+    float qk_ms = 0.f, win_ms[3] = {0.f, 0.f, 0.f};   /* the windows' forward states, prep, reverse sweep */
     for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
     for (int i = 0; i < 4; i++) cudaEventCreate(&es[i]);
 #define SPHASE(i) cudaEventRecord(es[i], st)
@@ -354,9 +363,20 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     }
     PHASE(1);
     const unsigned blocks = (unsigned)(p.N * HV * p.nvt);
-    if (p.N > 0 && wl.rw) {   /* the checkpoints: a walk over every window but the last, no states stored */
+    if (p.N > 0 && wl.rw) {
+        /* the checkpoints: the forward's from saved where its tag says they are these windows'
+         * (ckpt_copy_kernel), else a walk over every window but the last, no states stored */
+        const gdn_saved_layout sl = gdn_saved_at(&pl->c, const_cast<void *>(a->saved));
+        const bool fck = sl.ckpt && wl.nw - 1 <= sl.nck;
+        const size_t kv = (size_t)K * V;
+        if (fck) {
+            const int64_t n = (int64_t)((wl.nw - 1) * p.N * HV * kv);
+            ckpt_copy_kernel<<<(unsigned)(n / 2048 + 1 < 2048 ? n / 2048 + 1 : 2048), 256, 0, st>>>(sl.ckpt_tag, ckpt_tag(wl.wn), sl.ckpt,
+                                                                                                  ckpt_at(wl, ws, 1, HV, kv), n);
+        }
         for (int64_t w = 0; w + 1 < wl.nw; w++)
-            if (fwd_states(pl, a, p, wl, ws, st, w, nullptr, ckpt_at(wl, ws, w + 1, HV, (size_t)K * V)) != 1)
+            if (fwd_states(pl, a, p, wl, ws, st, w, nullptr, ckpt_at(wl, ws, w + 1, HV, kv), fck ? sl.ckpt_tag : nullptr,
+                           ckpt_tag(wl.wn)) != 1)
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
@@ -380,10 +400,36 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.dh0 = w == 0 ? p.dh0 : carry;
             q.rw = wl.rw;
             if (wl.rw) {   /* the window's forward states from its checkpoint, then its records */
+#ifdef GDN_BWD_PROFILE
+                cudaEventRecord(eq[0], st);
+#endif
                 if (fwd_states(pl, a, p, wl, ws, st, w, p.states) != 1) return cudaErrorLaunchFailure;
+#ifdef GDN_BWD_PROFILE
+                cudaEventRecord(eq[1], st);
+                cudaEventSynchronize(eq[1]);
+                float wms;
+                cudaEventElapsedTime(&wms, eq[0], eq[1]);
+                win_ms[0] += wms;
+                cudaEventRecord(eq[0], st);
+#endif
                 PrepPass<SPLIT>::launch(q, st);
             }
+#ifdef GDN_BWD_PROFILE
+            cudaEventRecord(eq[1], st);
+            cudaEventSynchronize(eq[1]);
+            float pms;
+            cudaEventElapsedTime(&pms, eq[0], eq[1]);
+            win_ms[1] += pms;
+            cudaEventRecord(eq[0], st);
+#endif
             SweepPass<SPLIT>::launch_bwd(q, blocks, st);
+#ifdef GDN_BWD_PROFILE
+            cudaEventRecord(eq[1], st);
+            cudaEventSynchronize(eq[1]);
+            float sms;
+            cudaEventElapsedTime(&sms, eq[0], eq[1]);
+            win_ms[2] += sms;
+#endif
             if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
             else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
             if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -429,6 +475,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
     printf("chunk_bwd phases ms: prep %.3f | fwd sweep %.3f | bwd sweep %.3f | group stage %.3f (dq, dk sums %.3f)\n", ms[0], ms[1],
            ms[2], ms[3], qk_ms);
+    if (wl.wn)
+        printf("chunk_bwd windows ms (in the group stage): forward states %.3f | prep %.3f | reverse sweep %.3f (%lld windows of %lld chunks)\n",
+               win_ms[0], win_ms[1], win_ms[2], (long long)wl.nw, (long long)wl.wn);
     if (wl.sc) {
         float sm_[3];
         for (int i = 0; i < 3; i++) cudaEventElapsedTime(&sm_[i], es[i], es[i + 1]);
@@ -453,6 +502,13 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
 using namespace gdn::cbwd;
 
 extern "C" size_t gdn_cuda_chunk_bwd_ws(const gdn_plan *pl) { return ws_layout(pl).total; }
+
+extern "C" int gdn_cuda_chunk_bwd_windows(const gdn_plan *pl, int64_t *wn, int *tag) {
+    const WsLayout wl = ws_layout(pl);
+    *wn = wl.rw ? wl.wn : 0;
+    *tag = wl.rw ? ckpt_tag(wl.wn) : 0;
+    return wl.rw ? (int)wl.nw : 0;
+}
 
 namespace {
 BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {

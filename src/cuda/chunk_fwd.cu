@@ -162,6 +162,13 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.smode = 0;
     p.states = nullptr;
     p.w0 = p.wn = 0;
+    p.ckpt = nullptr;   /* gdn_cuda_chunk_fwd sets them where the backward's windows will read them */
+    p.ckpt_wn = p.nck = 0;
+    p.ckpt_stride = 0;
+    p.tag = sl.ckpt_tag;   /* 0 unless the checkpoints are stored */
+    p.tag_val = 0;
+    p.skip = nullptr;
+    p.skip_val = 0;
     const WsLayout wl = ws_layout(pl, sc);
     p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
     p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
@@ -191,7 +198,19 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return gdn_cuda_recurrent_fwd(pl, a, stream);
     if (pl->N * c->HV == 0) return GDN_OK;
-    const cudaError_t e = run(pl, args_of(pl, a, seg_chunks(pl), ws), ws, (cudaStream_t)stream, WHOLE);
+    const int sc = seg_chunks(pl);
+    ChunkArgs p = args_of(pl, a, sc, ws);
+    /* the checkpoints of the backward's windows where saved has room for them and the walk is whole */
+    int64_t wn = 0;
+    int tag = 0;
+    const int nw = gdn_cuda_chunk_bwd_windows(pl, &wn, &tag);
+    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
+    if (sl.ckpt && !sc && nw >= 2 && nw - 1 <= sl.nck) {
+        p.ckpt = sl.ckpt; p.ckpt_wn = (int)wn; p.nck = nw - 1;
+        p.ckpt_stride = pl->N * c->HV * (int64_t)c->K * c->V;
+        p.tag_val = tag;
+    }
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
     return GDN_OK;
 }
@@ -201,7 +220,7 @@ extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl, int64_t wn) {
 }
 
 extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                                     void *stream) {
+                                     const int *skip, int skip_val, void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
@@ -211,6 +230,7 @@ extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, 
     p.smode = 1;
     p.states = states;
     p.w0 = (int)w0; p.wn = (int)wn;
+    p.skip = skip; p.skip_val = skip_val;
     const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk states launch: %s", cudaGetErrorString(e)), -1;

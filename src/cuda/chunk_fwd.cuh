@@ -49,6 +49,20 @@ struct ChunkArgs {
      * state after the window's last chunk); the records and states at
      * n * wn + i - w0 instead of the slot (rec_slot) */
     int w0, wn;
+    /* the checkpoints for the backward's windows (gdn_saved_ckpts): the
+     * forward's walk (pass 0) stores the state entering chunks ckpt_wn,
+     * 2 ckpt_wn, .. (nck at most) into ckpt ([c][N][HV][K][V] in h0's layout,
+     * c = i / ckpt_wn - 1, ckpt_stride floats apart; NULL: none), and block 0
+     * of its last pass puts tag_val in *tag (NULL: no tag). The backward's
+     * checkpoint walk (the states mode): nothing at all where *skip ==
+     * skip_val, the forward's checkpoints being there (skip NULL: it walks) */
+    float *ckpt;
+    int ckpt_wn, nck;
+    int64_t ckpt_stride;
+    int *tag;
+    int tag_val;
+    const int *skip;
+    int skip_val;
 };
 
 /* ---- tensor-core primitives ---- */
@@ -292,6 +306,18 @@ __device__ __forceinline__ int64_t slot_of(int64_t bos, int n, int i) { return b
 /* where chunk i of sequence n's record (and state) is: its slot, or its place in the window */
 __device__ __forceinline__ int64_t rec_slot(const ChunkArgs &p, int64_t bos, int n, int i) {
     return p.wn ? (int64_t)n * p.wn + (i - p.w0) : slot_of(bos, n, i);
+}
+/* the backward's checkpoint walk with the forward's checkpoints there: nothing to do */
+__device__ __forceinline__ bool walk_skipped(const ChunkArgs &p) { return p.skip && *p.skip == p.skip_val; }
+/* where the state entering chunk i goes as a checkpoint (NULL: not one); sbase: (n, j)'s offset in h0 */
+__device__ __forceinline__ float *ckpt_of(const ChunkArgs &p, int i, int64_t sbase) {
+    if (!p.ckpt || i <= 0 || i % p.ckpt_wn || i / p.ckpt_wn > p.nck) return nullptr;
+    return p.ckpt + (int64_t)(i / p.ckpt_wn - 1) * p.ckpt_stride + sbase;
+}
+/* the end of the run of chunks from ib: the next checkpoint's chunk, or nch (p.ckpt set) */
+__device__ __forceinline__ int ckpt_end(const ChunkArgs &p, int ib, int nch) {
+    const int e = (ib / p.ckpt_wn + 1) * p.ckpt_wn;
+    return e < nch ? e : nch;
 }
 /* a state walk's chunks [*i0, *nch) of a sequence of nch_all chunks, segment sg (the split), or the
  * window; false: none to walk and nothing to write (a later segment, or a window past the end) */

@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
     float *gcs = reinterpret_cast<float *>(sm + S::f), *bts = gcs + 2 * CC, *rk = bts + 2 * CC, *rq = rk + CC;
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int i = blockIdx.x % maxch + p.w0, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
+    if (walk_skipped(p)) return;   /* the backward's checkpoint walk, the forward's checkpoints there */
     /* the state kernel may start launching (it waits for this grid before reading the records) */
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     int64_t bos, len;

@@ -48,9 +48,10 @@ __device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256
 __device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
 
 /* ST: the backward's states mode (p.smode): each chunk's entering state
- * stored where p.states is not NULL, no o (a separate instance, so the
- * forward's code is untouched) */
-template <typename E, bool ST>
+ * stored where p.states is not NULL, no o; CK: the forward storing the
+ * backward's checkpoints (p.ckpt). Separate instances, so the forward's code
+ * is untouched */
+template <typename E, bool ST, bool CK>
 __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using M = mma_traits<E>;
     constexpr int NS = M::split ? 2 : 1;
@@ -69,7 +70,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
-    if (!walk_range(p, sg, nch_all, &i0, &nch)) return;
+    if (!walk_range(p, sg, nch_all, &i0, &nch) || (ST && walk_skipped(p))) return;
+    if (!ST && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) *p.tag = p.tag_val;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
      * of P (K x K, from I, with v = 0) */
@@ -124,179 +126,195 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #else
 #define TPROF(k) do { } while (0)
 #endif
-    for (int i = i0; i < nch; i++) {
-        const int sl = (i - i0) & 1;
-        const uint32_t par = ((i - i0) >> 1) & 1;
-        E *Ps = reinterpret_cast<E *>(sm + TSmem::p) + sl * CC * CC;
-        char *stg = sm + sl * TStage::bytes;
-        const E *KQ = reinterpret_cast<const E *>(stg + TStage::kq);
-        const char *Vb = stg + TStage::v + cg * 8192;
-        const E *Ts = reinterpret_cast<const E *>(stg + TStage::rec);
-        const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
-        const int64_t row0 = bos + (int64_t)i * CC;
-        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
-        if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
-            float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+    /* the chunks in runs between the backward's checkpoints (CK; else one run), each
+     * checkpoint stored before its run, out of the chunk loop's code */
+    for (int ib = i0; ib < nch;) {
+        const int ie = CK ? ckpt_end(p, ib, nch) : nch;
+        if (CK)
+            if (float *ck = ckpt_of(p, ib, sbase)) {   /* a checkpoint for the backward's windows (h0's layout) */
 #pragma unroll
-            for (int q = 0; q < 16; q++)
+                for (int q = 0; q < 16; q++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-                    if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
+                    for (int e = 0; e < 4; e++) {
+                        const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                        if (vc < ncols) ck[state_at(p, 0, ncols, kr, vc)] = st[4 * q + e];
+                    }
+            }
+        for (int i = ib; i < ie; i++) {
+            const int sl = (i - i0) & 1;
+            const uint32_t par = ((i - i0) >> 1) & 1;
+            E *Ps = reinterpret_cast<E *>(sm + TSmem::p) + sl * CC * CC;
+            char *stg = sm + sl * TStage::bytes;
+            const E *KQ = reinterpret_cast<const E *>(stg + TStage::kq);
+            const char *Vb = stg + TStage::v + cg * 8192;
+            const E *Ts = reinterpret_cast<const E *>(stg + TStage::rec);
+            const float *F = reinterpret_cast<const float *>(stg + TStage::rec + REC_T);
+            const int64_t row0 = bos + (int64_t)i * CC;
+            const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+            if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
+                float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+    #pragma unroll
+                for (int q = 0; q < 16; q++)
+    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                        if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
+                    }
+            }
+            mb_wait(full + sl, par);
+            TPROF(0);
+            if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
+                             * (both warpgroups meet here, once a sequence) */
+                for (int x = tid; x < (CC - c) * 8 * 4; x += TT) {
+                    const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
+                    char *base = part < 2 ? stg + TStage::kq + part * 16384 : stg + TStage::v + (part - 2) * 8192;
+                    *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
                 }
-        }
-        mb_wait(full + sl, par);
-        TPROF(0);
-        if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
-                         * (both warpgroups meet here, once a sequence) */
-            for (int x = tid; x < (CC - c) * 8 * 4; x += TT) {
-                const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
-                char *base = part < 2 ? stg + TStage::kq + part * 16384 : stg + TStage::v + (part - 2) * 8192;
-                *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+                fence_async_smem();
+                bar_named(1, TT);
             }
-            fence_async_smem();
-            bar_named(1, TT);
-        }
 
-        /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
-        float xo[64], pa[16];
-        {
-            uint32_t sa[8][NS][4];
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
-            wg_fence();
-            wg_turn(cg);
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
-                wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
-                if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+            /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
+            float xo[64], pa[16];
+            {
+                uint32_t sa[8][NS][4];
+    #pragma unroll
+                for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
+                wg_fence();
+                wg_turn(cg);
+    #pragma unroll
+                for (int kk = 0; kk < 8; kk++) {
+                    const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
+                    wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                    if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+                }
+    #pragma unroll
+                for (int kk = 0; kk < 8; kk++)
+                    wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
+                                    desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
+                wg_commit();
+                wg_pass(cg);
+                wg_wait<0>();
+                TPROF(1);
             }
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++)
-                wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
-                                desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
-            wg_commit();
-            wg_pass(cg);
+            /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
+            uint32_t vt[8][2];
+    #pragma unroll
+            for (int ip = 0; ip < 8; ip += 2) {
+                const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+                uint32_t r[4] = {0u, 0u, 0u, 0u};   /* P's columns: v = 0 */
+                if (!pmode) ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+                vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
+            }
+            /* P (rows t of this warp, columns s of this warpgroup): masked, scaled, to shared memory */
+            {
+                const int t0 = wl * 16 + g, t1 = t0 + 8;
+                const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
+                const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
+                float pv[4][4];
+    #pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    const int s0 = cg * 32 + a * 8 + 2 * tq;
+                    const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
+                    const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
+                    pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
+                    pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
+                    pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
+                    pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
+                }
+    #pragma unroll
+                for (int a = 0; a < 4; a += 2)
+                    stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
+                          M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
+                fence_async_smem();
+                bar_named(2 + cg, 128);
+                if ((tid & 127) == 0) mb_arrive(pfull + sl);
+                TPROF(2);
+            }
+            /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
+            float u[32];
+            {
+                float r[32];
+    #pragma unroll
+                for (int a = 0; a < 8; a++) {
+                    const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
+                    const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
+                    r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
+                    r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
+                    r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
+                    r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+                }
+                uint32_t ra[4][4];
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
+                wg_fence();
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
+                wg_commit();
+            }
+            TPROF(3);
+            /* O^T = co Q S (per token), while U runs */
+            float o[32];
+    #pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+                o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
+                o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+            }
+            mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
+            TPROF(4);
             wg_wait<0>();
-            TPROF(1);
-        }
-        /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
-        uint32_t vt[8][2];
-#pragma unroll
-        for (int ip = 0; ip < 8; ip += 2) {
-            const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
-            uint32_t r[4] = {0u, 0u, 0u, 0u};   /* P's columns: v = 0 */
-            if (!pmode) ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
-            vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
-        }
-        /* P (rows t of this warp, columns s of this warpgroup): masked, scaled, to shared memory */
-        {
-            const int t0 = wl * 16 + g, t1 = t0 + 8;
-            const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
-            const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
-            float pv[4][4];
-#pragma unroll
-            for (int a = 0; a < 4; a++) {
-                const int s0 = cg * 32 + a * 8 + 2 * tq;
-                const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
-                const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
-                pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
-                pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
-                pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
-                pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
+            TPROF(5);
+            /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
+            {
+                uint32_t ua[4][4], ud[4][NS][4];
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
+    #pragma unroll
+                for (int a = 0; a < 8; a++) {
+                    const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
+                    u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+                }
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
+                const float dl = __expf(F[F_GC * CC + CC - 1]);
+    #pragma unroll
+                for (int x = 0; x < 64; x++) st[x] *= dl;
+                wg_fence();
+                wg_turn(cg);
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+                wg_commit();
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
+                    wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
+                    if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
+                }
+                wg_commit();
+                wg_pass(cg);
+                wg_wait<1>();
+                TPROF(6);
             }
-#pragma unroll
-            for (int a = 0; a < 4; a += 2)
-                stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
-                      M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
-            fence_async_smem();
+            /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
+    #pragma unroll
+            for (int a = 0; a < 8; a += 2)
+                stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
+                       M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
             bar_named(2 + cg, 128);
-            if ((tid & 127) == 0) mb_arrive(pfull + sl);
-            TPROF(2);
-        }
-        /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
-        float u[32];
-        {
-            float r[32];
-#pragma unroll
-            for (int a = 0; a < 8; a++) {
-                const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
-                const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
-                r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
-                r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
-                r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
-                r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+            TPROF(7);
+            for (int x = tid & 127; x < (p.pass == 1 || ST ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
+                const int r = x >> 3, c8 = (x & 7) * 8;
+                *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
+                    *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
             }
-            uint32_t ra[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
-            wg_commit();
+            wg_wait<0>();
+            TPROF(8);
+            bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
+            if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
+            TPROF(9);
         }
-        TPROF(3);
-        /* O^T = co Q S (per token), while U runs */
-        float o[32];
-#pragma unroll
-        for (int a = 0; a < 8; a++) {
-            const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
-            o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
-            o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
-        }
-        mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
-        TPROF(4);
-        wg_wait<0>();
-        TPROF(5);
-        /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
-        {
-            uint32_t ua[4][4], ud[4][NS][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
-#pragma unroll
-            for (int a = 0; a < 8; a++) {
-                const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
-                u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
-            }
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
-            const float dl = __expf(F[F_GC * CC + CC - 1]);
-#pragma unroll
-            for (int x = 0; x < 64; x++) st[x] *= dl;
-            wg_fence();
-            wg_turn(cg);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
-            wg_commit();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
-                wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
-                if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
-            }
-            wg_commit();
-            wg_pass(cg);
-            wg_wait<1>();
-            TPROF(6);
-        }
-        /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
-#pragma unroll
-        for (int a = 0; a < 8; a += 2)
-            stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
-                   M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
-        bar_named(2 + cg, 128);
-        TPROF(7);
-        for (int x = tid & 127; x < (p.pass == 1 || ST ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
-            const int r = x >> 3, c8 = (x & 7) * 8;
-            *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
-                *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
-        }
-        wg_wait<0>();
-        TPROF(8);
-        bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
-        if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
-        TPROF(9);
+        ib = ie;
     }
     if (cg == 0) wg_turn(0);   /* the last pass of warpgroup 1 */
 #ifdef GDN_CHUNK_PROFILE
@@ -324,8 +342,10 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 
 template <typename E> cudaError_t StateTPass<E>::attr() {
     static bool done = false, done_st = false;
-    const cudaError_t e = smem_attr(chunk_state_t_kernel<E, false>, TSmem::bytes, &done);
-    return e != cudaSuccess ? e : smem_attr(chunk_state_t_kernel<E, true>, TSmem::bytes, &done_st);
+    static bool done_ck = false;
+    cudaError_t e = smem_attr(chunk_state_t_kernel<E, false, false>, TSmem::bytes, &done);
+    if (e == cudaSuccess) e = smem_attr(chunk_state_t_kernel<E, false, true>, TSmem::bytes, &done_ck);
+    return e != cudaSuccess ? e : smem_attr(chunk_state_t_kernel<E, true, false>, TSmem::bytes, &done_st);
 }
 template <typename E>
 cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
@@ -336,10 +356,11 @@ cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const cha
         cudaLaunchConfig_t lc = {};
         lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.dynamicSmemBytes = TSmem::bytes; lc.stream = st;
         lc.attrs = at; lc.numAttrs = 1;
-        return p.smode ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true>, p, ws, tm)
-                        : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false>, p, ws, tm);
+        return p.smode  ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true, false>, p, ws, tm)
+               : p.ckpt ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, true>, p, ws, tm)
+                        : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, false>, p, ws, tm);
     }
-    chunk_state_t_kernel<E, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */
+    chunk_state_t_kernel<E, false, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */
     return cudaGetLastError();
 }
 template struct StateTPass<__nv_bfloat16>;

@@ -66,11 +66,16 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
  * sequences of the plan from a->h0; else a window: chunks [w0, w0 + wn) of
  * each sequence from a->h0 (the states entering chunk w0, in h0's layout),
  * states at [n * wn + i - w0][HV][K][V], ht the states after the window
- * (written only where the window holds a chunk).
+ * (written only where the window holds a chunk). skip (or NULL): where
+ * *skip == skip_val nothing is walked (the forward's checkpoints are there).
  * 1: queued; 0: not this shape (nothing queued); -1: a launch failed */
 size_t gdn_cuda_chunk_states_ws(const gdn_plan *p, int64_t wn);
 int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                          void *stream);
+                          const int *skip, int skip_val, void *stream);
+/* the chunk backward's windows whose forward states start from checkpoints
+ * (chunk_bwd.cu window_chunks): their count (0: none), *wn chunks each, and
+ * the tag the forward's checkpoints of them carry in saved (gdn_saved_at) */
+int gdn_cuda_chunk_bwd_windows(const gdn_plan *p, int64_t *wn, int *tag);
 /* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
 void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
