@@ -311,7 +311,20 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     for (int i = 0; i < 2; i++) cudaEventCreate(&eq[i]);
     cudaEventRecord(ev[0], st);
 #define PHASE(i) cudaEventRecord(ev[i], st)
+    /* the windows' steps: the time since the last lap added to win_ms[k] (k < 0: a start) */
+    auto lap = [&](int k) {
+        if (k >= 0) {
+            float t;
+            cudaEventRecord(eq[1], st);
+            cudaEventSynchronize(eq[1]);
+            cudaEventElapsedTime(&t, eq[0], eq[1]);
+            win_ms[k] += t;
+        }
+        cudaEventRecord(eq[0], st);
+    };
+#define WLAP(k) lap(k)
 #else
+#define WLAP(k) do { } while (0)
 #define PHASE(i) do { } while (0)
 #define SPHASE(i) do { } while (0)
 #endif
@@ -399,37 +412,15 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.dht = w == wl.nw - 1 ? p.dht : carry;   /* each block reads its part, then writes it over (in place) */
             q.dh0 = w == 0 ? p.dh0 : carry;
             q.rw = wl.rw;
+            WLAP(-1);
             if (wl.rw) {   /* the window's forward states from its checkpoint, then its records */
-#ifdef GDN_BWD_PROFILE
-                cudaEventRecord(eq[0], st);
-#endif
                 if (fwd_states(pl, a, p, wl, ws, st, w, p.states) != 1) return cudaErrorLaunchFailure;
-#ifdef GDN_BWD_PROFILE
-                cudaEventRecord(eq[1], st);
-                cudaEventSynchronize(eq[1]);
-                float wms;
-                cudaEventElapsedTime(&wms, eq[0], eq[1]);
-                win_ms[0] += wms;
-                cudaEventRecord(eq[0], st);
-#endif
+                WLAP(0);
                 PrepPass<SPLIT>::launch(q, st);
             }
-#ifdef GDN_BWD_PROFILE
-            cudaEventRecord(eq[1], st);
-            cudaEventSynchronize(eq[1]);
-            float pms;
-            cudaEventElapsedTime(&pms, eq[0], eq[1]);
-            win_ms[1] += pms;
-            cudaEventRecord(eq[0], st);
-#endif
+            WLAP(1);
             SweepPass<SPLIT>::launch_bwd(q, blocks, st);
-#ifdef GDN_BWD_PROFILE
-            cudaEventRecord(eq[1], st);
-            cudaEventSynchronize(eq[1]);
-            float sms;
-            cudaEventElapsedTime(&sms, eq[0], eq[1]);
-            win_ms[2] += sms;
-#endif
+            WLAP(2);
             if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
             else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
             if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -492,6 +483,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
 #endif
 #undef PHASE
 #undef SPHASE
+#undef WLAP
     return cudaSuccess;
 }
 

@@ -201,11 +201,11 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     const int sc = seg_chunks(pl);
     ChunkArgs p = args_of(pl, a, sc, ws);
     /* the checkpoints of the backward's windows where saved has room for them and the walk is whole */
+    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
     int64_t wn = 0;
     int tag = 0;
-    const int nw = gdn_cuda_chunk_bwd_windows(pl, &wn, &tag);
-    const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
-    if (sl.ckpt && !sc && nw >= 2 && nw - 1 <= sl.nck) {
+    const int nw = sl.ckpt && !sc ? gdn_cuda_chunk_bwd_windows(pl, &wn, &tag) : 0;
+    if (nw >= 2 && nw - 1 <= sl.nck) {
         p.ckpt = sl.ckpt; p.ckpt_wn = (int)wn; p.nck = nw - 1;
         p.ckpt_stride = pl->N * c->HV * (int64_t)c->K * c->V;
         p.tag_val = tag;

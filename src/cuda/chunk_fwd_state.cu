@@ -176,9 +176,9 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                         *rk = gc + F_RK * CC, *rq = gc + F_RQ * CC;
             if (STS && p.states) {   /* the state entering chunk i, this thread's part, two columns a store where V is even */
                 float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
-    #pragma unroll
+#pragma unroll
                 for (int nt = 0; nt < SNT; nt++)
-    #pragma unroll
+#pragma unroll
                     for (int hr = 0; hr < 2; hr++) {
                         const int kr = srow + g + 8 * hr, vc = vcol0 + (sn0 + nt) * 8 + 2 * tq;
                         if (kr >= p.K || vc >= p.V) continue;
@@ -200,18 +200,18 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             /* ---- A: O = Q S, X = K S; P, R ---- */
             PROF(1);
             float o[NTW][4], x[NTW][4], pa[4 / NCG][2][4];
-    #pragma unroll
+#pragma unroll
             for (int a = 0; a < NTW; a++)
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 4; e++) o[a][e] = x[a][e] = 0.f;
-    #pragma unroll
+#pragma unroll
             for (int pb = 0; pb < 4 / NCG; pb++)
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 4; e++) pa[pb][0][e] = pa[pb][1][e] = 0.f;
             /* O and X on the tensor cores asynchronously (warpgroup cg: columns
              * cg * CW, its warps the row blocks), P by mma.sync meanwhile */
             wg_fence();
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < KT / 16; kk++) {
                 uint32_t aq[4], ak[4];
                 ldsm4(aq, frag_a(Qs, S::LK, rb * 16, kk * 16, lane));
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                 wgt_rs<CW, M::bf, 1>(&x[0][0], ak, dh, 1);
                 if (M::split) wgt_rs<CW, M::bf, 1>(&x[0][0], ak, dl, 1);
                 wg_commit();
-    #pragma unroll
+#pragma unroll
                 for (int pb = 0; pb < 4 / NCG; pb++) {   /* P column blocks cg + NCG pb */
                     uint32_t bf[4];
                     ldsm4(bf, frag_bn(Ks, S::LK, (cg + NCG * pb) * 16, kk * 16, lane));
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             {
                 const float fo0 = p.scale * rq0 * __expf(gc[t0]), fo1 = p.scale * rq1 * __expf(gc[t1]);
                 const float e0 = __expf(gc[t0]) * rk[t0], e1 = __expf(gc[t1]) * rk[t1], b0 = bt[t0], b1 = bt[t1];
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < NTW; a++) {
                     o[a][0] *= fo0; o[a][1] *= fo0; o[a][2] *= fo1; o[a][3] *= fo1;
                     const int col = cg * CW + a * 8 + 2 * tq;
@@ -250,15 +250,15 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                     *reinterpret_cast<uint32_t *>(Rs + t1 * S::LV + col) =
                         M::pack(b1 * (M::lo(v1) - e1 * x[a][2]), b1 * (M::hi(v1) - e1 * x[a][3]));
                 }
-    #pragma unroll
+#pragma unroll
                 for (int pb = 0; pb < 4 / NCG; pb++) {
                     const int np = cg + NCG * pb;
                     if (np <= rb)
-    #pragma unroll
+#pragma unroll
                         for (int hn = 0; hn < 2; hn++) {
                             const int s0 = np * 16 + hn * 8 + 2 * tq;
                             float v[4];
-    #pragma unroll
+#pragma unroll
                             for (int e = 0; e < 4; e++) {
                                 const int t = e < 2 ? t0 : t1, s = s0 + (e & 1);
                                 const float rq = e < 2 ? rq0 : rq1;
@@ -277,14 +277,14 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             /* ---- D: U = T R; Ud = rk exp(gL - gc) U ---- */
             {
                 float u[NTW][4];
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < NTW; a++) u[a][0] = u[a][1] = u[a][2] = u[a][3] = 0.f;
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++)
                     if (kk <= rb) {
                         uint32_t af[4];
                         ldsm4(af, Ts + blk64(rb * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-    #pragma unroll
+#pragma unroll
                         for (int np = 0; np < NTW / 2; np++) {
                             uint32_t bf[4];
                             ldsm4t(bf, frag_bk(Rs, S::LV, kk * 16, cg * CW + np * 16, lane));
@@ -293,16 +293,16 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                         }
                     }
                 const float d0 = rk[t0] * __expf(gL - gc[t0]), d1 = rk[t1] * __expf(gL - gc[t1]);
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < NTW; a++) {
                     const int col = cg * CW + a * 8 + 2 * tq;
                     *reinterpret_cast<uint32_t *>(Us + t0 * S::LV + col) = M::pack(u[a][0], u[a][1]);
                     *reinterpret_cast<uint32_t *>(Us + t1 * S::LV + col) = M::pack(u[a][2], u[a][3]);
                 }
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < NTW; a += 2) {   /* Ud as hi + lo, as the state */
                     float v[4][2];
-    #pragma unroll
+#pragma unroll
                     for (int m = 0; m < 4; m++) {
                         const float dd = (m & 1) ? d1 : d0;
                         v[m][0] = dd * u[a + (m >> 1)][2 * (m & 1)];
@@ -318,12 +318,12 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             if (i + 1 < nch) { fetch_t(i + 1); cp_commit(); }
 
             /* ---- E: O += P U (staged in Rs); S = exp(gL) S + K^T Ud ---- */
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < 4; kk++)
                 if (want_o && kk <= rb) {
                     uint32_t af[4];
                     ldsm4(af, frag_a(Ps, S::LC, rb * 16, kk * 16, lane));
-    #pragma unroll
+#pragma unroll
                     for (int np = 0; np < NTW / 2; np++) {
                         uint32_t bf[4];
                         ldsm4t(bf, frag_bk(Us, S::LV, kk * 16, cg * CW + np * 16, lane));
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
                         M::mma(o[2 * np + 1], af, bf[2], bf[3]);
                     }
                 }
-    #pragma unroll
+#pragma unroll
             for (int a = 0; a < NTW; a++) {
                 const int col = cg * CW + a * 8 + 2 * tq;
                 *reinterpret_cast<uint32_t *>(Rs + t0 * S::LV + col) = M::pack(o[a][0], o[a][1]);
@@ -339,13 +339,13 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
             }
             {
                 const float dl = __expf(gL);
-    #pragma unroll
+#pragma unroll
                 for (int nt = 0; nt < SNT; nt++)
-    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 4; e++) st[nt][e] *= dl;
                 /* the warpgroup's state tile is 64 rows x SNT n8 tiles: one wgmma per k16 (and half) */
                 wg_fence();
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
                     uint32_t af[4];
                     ldsm4t(af, frag_at(Ks, S::LK, kk * 16, srow, lane));

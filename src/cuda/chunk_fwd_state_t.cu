@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
             if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
                 float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
-    #pragma unroll
+#pragma unroll
                 for (int q = 0; q < 16; q++)
-    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
                         if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
@@ -178,17 +178,17 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             float xo[64], pa[16];
             {
                 uint32_t sa[8][NS][4];
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
                 wg_fence();
                 wg_turn(cg);
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 8; kk++) {
                     const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
                     wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
                     if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
                 }
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 8; kk++)
                     wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
                                     desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             }
             /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
             uint32_t vt[8][2];
-    #pragma unroll
+#pragma unroll
             for (int ip = 0; ip < 8; ip += 2) {
                 const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
                 uint32_t r[4] = {0u, 0u, 0u, 0u};   /* P's columns: v = 0 */
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
                 const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
                 float pv[4][4];
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < 4; a++) {
                     const int s0 = cg * 32 + a * 8 + 2 * tq;
                     const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                     pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
                     pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
                 }
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < 4; a += 2)
                     stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
                           M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             float u[32];
             {
                 float r[32];
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < 8; a++) {
                     const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
                     const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
@@ -245,17 +245,17 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                     r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
                 }
                 uint32_t ra[4][4];
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
                 wg_fence();
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
                 wg_commit();
             }
             TPROF(3);
             /* O^T = co Q S (per token), while U runs */
             float o[32];
-    #pragma unroll
+#pragma unroll
             for (int a = 0; a < 8; a++) {
                 const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
                 o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
@@ -268,24 +268,24 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
             {
                 uint32_t ua[4][4], ud[4][NS][4];
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
-    #pragma unroll
+#pragma unroll
                 for (int a = 0; a < 8; a++) {
                     const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
                     u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
                 }
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
                 const float dl = __expf(F[F_GC * CC + CC - 1]);
-    #pragma unroll
+#pragma unroll
                 for (int x = 0; x < 64; x++) st[x] *= dl;
                 wg_fence();
                 wg_turn(cg);
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
                 wg_commit();
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
                     const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
                     wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 TPROF(6);
             }
             /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
-    #pragma unroll
+#pragma unroll
             for (int a = 0; a < 8; a += 2)
                 stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
                        M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
