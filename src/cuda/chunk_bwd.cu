@@ -304,23 +304,22 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
     cudaEvent_t ev[5], eq[2], es[4];
-    float qk_ms = 0.f, win_ms[3] = {0.f, 0.f, 0.f};   /* the windows' forward states, prep, reverse sweep */
+    float qk_ms = 0.f, win_ms[4] = {0.f, 0.f, 0.f, 0.f};   /* the windows' forward states, prep, reverse sweep, local stage */
     for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
     for (int i = 0; i < 4; i++) cudaEventCreate(&es[i]);
 #define SPHASE(i) cudaEventRecord(es[i], st)
     for (int i = 0; i < 2; i++) cudaEventCreate(&eq[i]);
     cudaEventRecord(ev[0], st);
 #define PHASE(i) cudaEventRecord(ev[i], st)
-    /* the windows' steps: the time since the last lap added to win_ms[k] (k < 0: a start) */
+    /* the windows' steps: an event each, the time since the one before added to win_ms[k] at
+     * the end (k < 0: a start); no synchronization in between */
+    cudaEvent_t wev[64];
+    int wk[64], nwev = 0;
     auto lap = [&](int k) {
-        if (k >= 0) {
-            float t;
-            cudaEventRecord(eq[1], st);
-            cudaEventSynchronize(eq[1]);
-            cudaEventElapsedTime(&t, eq[0], eq[1]);
-            win_ms[k] += t;
-        }
-        cudaEventRecord(eq[0], st);
+        if (nwev == 64) return;
+        cudaEventCreate(&wev[nwev]);
+        cudaEventRecord(wev[nwev], st);
+        wk[nwev++] = k;
     };
 #define WLAP(k) lap(k)
 #else
@@ -423,6 +422,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             WLAP(2);
             if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
             else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
+            WLAP(3);
             if ((e = cudaGetLastError()) != cudaSuccess) return e;
         }
     }
@@ -466,9 +466,14 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
     printf("chunk_bwd phases ms: prep %.3f | fwd sweep %.3f | bwd sweep %.3f | group stage %.3f (dq, dk sums %.3f)\n", ms[0], ms[1],
            ms[2], ms[3], qk_ms);
+    for (int i = 0; i < nwev; i++) {
+        float t;
+        if (i > 0 && wk[i] >= 0 && cudaEventElapsedTime(&t, wev[i - 1], wev[i]) == cudaSuccess) win_ms[wk[i]] += t;
+    }
+    for (int i = 0; i < nwev; i++) cudaEventDestroy(wev[i]);
     if (wl.wn)
-        printf("chunk_bwd windows ms (in the group stage): forward states %.3f | prep %.3f | reverse sweep %.3f (%lld windows of %lld chunks)\n",
-               win_ms[0], win_ms[1], win_ms[2], (long long)wl.nw, (long long)wl.wn);
+        printf("chunk_bwd windows ms (in the group stage): forward states %.3f | prep %.3f | reverse sweep %.3f | local %.3f (%lld windows of %lld chunks)\n",
+               win_ms[0], win_ms[1], win_ms[2], win_ms[3], (long long)wl.nw, (long long)wl.wn);
     if (wl.sc) {
         float sm_[3];
         for (int i = 0; i < 3; i++) cudaEventElapsedTime(&sm_[i], es[i], es[i + 1]);
