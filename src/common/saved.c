@@ -21,13 +21,16 @@ int gdn_saved_ckpts(const gdn_config *c) {
     return 3;
 }
 
+/* bytes of the rstd rows, and where the checkpoints' tag starts after them */
+static size_t rstd_bytes(const gdn_config *c) { return (size_t)(2 * c->B * c->T * c->H) * sizeof(float); }
+static size_t tag_at(const gdn_config *c) { return (rstd_bytes(c) + 255) / 256 * 256; }
+
 size_t gdn_saved_bytes(const gdn_config *c) {
     if (!(c->flags & GDN_QK_L2NORM)) return 0;
-    const size_t rstd = (size_t)(2 * c->B * c->T * c->H) * sizeof(float);
     const int nck = gdn_saved_ckpts(c);
-    if (!nck) return rstd;
+    if (!nck) return rstd_bytes(c);
     const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
-    return (rstd + 255) / 256 * 256 + 256 + (size_t)nck * N * c->HV * c->K * c->V * sizeof(float);
+    return tag_at(c) + 256 + (size_t)nck * N * c->HV * c->K * c->V * sizeof(float);
 }
 
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
@@ -36,9 +39,8 @@ gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
     l.rstd_q = (float *)saved;
     l.rstd_k = l.rstd_q + c->B * c->T * c->H;
     if ((l.nck = gdn_saved_ckpts(c))) {
-        char *at = (char *)saved + ((size_t)(2 * c->B * c->T * c->H) * sizeof(float) + 255) / 256 * 256;
-        l.ckpt_tag = (int *)at;
-        l.ckpt = (float *)(at + 256);
+        l.ckpt_tag = (int *)((char *)saved + tag_at(c));
+        l.ckpt = (float *)((char *)saved + tag_at(c) + 256);
     }
     return l;
 }

@@ -26,8 +26,9 @@
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
  *               for bf16 / f16 inputs the chunk forward's state kernels
  *               instead (fwd_states below), in windows (below) a window at
- *               a time from checkpoints: a first walk keeps only the state
- *               entering each window
+ *               a time from the state entering it (a checkpoint: kept by
+ *               the forward in saved, else by a first walk that stores
+ *               nothing else)
  *   bwd_sweep   per (n, j, 64 columns of V), chunks in reverse: dS leaving
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
  *               Both sweeps fetch the next chunk into registers while the
@@ -137,10 +138,9 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
  * items of that window, so dstates holds one window, a quarter or half of
  * the chunks, and, where prep can run a window at a time just before them,
  * the records and the forward states too, each window's from the state
- * entering it (a checkpoint), kept by a first walk over the windows without
- * stores (-1.9 GB at qwen3next; each window's partly filled last wave of
- * items costs ~3% of the backward there, the checkpoints' walk ~5%,
- * bench/NOTES.md). Where each
+ * entering it (a checkpoint: the forward's from saved where it kept them,
+ * else a first walk over the windows without stores; -1.9 GB at qwen3next,
+ * +2-4% of the backward there, bench/NOTES.md v4.6). Where each
  * window is still ~31 waves of items on the card (4096), and the sequences
  * are near one length (their windows' empty items at most a quarter of the
  * full ones: varlen batches of uneven lengths keep every chunk's dS). The
@@ -209,7 +209,7 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
         /* the records and the forward states a window at a time too, where nothing reads them
          * before the windows: the forward states from the chunk forward's kernels (fwd_sweep reads
          * records), no split (its dS sweep and context parallel's parts read every record first).
-         * The states of a window then start from its checkpoint (win_states) */
+         * The states of a window then start from its checkpoint (fwd_states, ckpt_at) */
         l.rw = fs && !l.sc;
         if (l.rw) fr = gdn_cuda_chunk_states_ws(&fv, l.wn);
         if (fs && fr > l.dstates_bytes) l.dstates_bytes = fr;
