@@ -11,9 +11,11 @@
  * as 3xTF32 (fp32 accuracy), except the chunk-local and group stages' for
  * bf16 / f16 inputs from K = 16, which take one tf32 product (their
  * gradients are stored in 16 bits), and bf16 with K = 128, whose reverse
- * sweep, local walk over V and prep products are bf16 wgmma with every
- * inexact operand split into hi + lo halves (~16 bits kept; q, k, v, dO
- * exact); the rest fp32 / double as the CPU.
+ * sweep, local walk over V and prep products are bf16 wgmma with inexact
+ * operands split into hi + lo halves (~16 bits kept; q, k, v, dO exact),
+ * but for Tm and P, and the state and state gradient where they are
+ * multiplied by K (K S0, K dS), which are rounded to bf16 (the measured
+ * margins: bench/NOTES.md v4.7); the rest fp32 / double as the CPU.
  * Chunks are addressed by a slot: chunk i of sequence n (bos, len) is slot
  * floor(bos / 64) + n + i, injective and < B*T/64 + N + 1 (the forward's
  * record count), so per-chunk arrays need no host-side index.
@@ -35,7 +37,7 @@
  *               current one computes (bf16 / f16, K <= 128, aligned). For
  *               bf16 with K = 128 and V in 128-column blocks the reverse
  *               sweep is chunk_bwd_sweep_t.cu instead: dS^T in registers as
- *               the wgmma A operand, hi + lo bf16 operands.
+ *               the wgmma A operand, bf16 operands (dU as hi + lo).
  *   local stage K <= 128: one block per (slot, j) runs chunk_backward of
  *               chunk_bwd.c with its tiles in shared memory and its sums
  *               over V in registers (chunk_bwd_local.cu; for bf16 with

@@ -301,8 +301,11 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
 
 /* ---- the V walk on wgmma (bf16, K = 128, V % 64 == 0; vside_wg) ----
  * The same sums as the walk of local_kernel, with the chunk's tiles as bf16
- * operands of wgmma from shared memory: k, v, dO raw (exact), S0, dS, Tm,
- * P, X, U, dU as hi + lo halves. Each panel of 64 columns:
+ * operands of wgmma from shared memory: k, v, dO raw (exact); X, U, dU as
+ * hi + lo halves; S0 and dS as hi + lo in the sums over V, their hi halves
+ * alone in X' and dU'; Tm and P rounded to bf16 (the gradients' error /
+ * bound margins with and without each rounding: bench/NOTES.md v4.7).
+ * Each panel of 64 columns:
  *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
  *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)
  *   U = Tm X (warpgroup 0; into X's place), dBv = Tm^T dU (warpgroup 1: dv, dbeta)
@@ -322,13 +325,13 @@ using cfwd::wss64;
 constexpr int WVP = 64;   /* panel columns */
 struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int Kr = 0;                   /* k raw: [cols 0-63][cols 64-127], 64 rows each */
-    static constexpr int Th = 16384, Tl = 24576;   /* Tm rows t (hi, lo) */
-    static constexpr int Ph = 32768, Pl = 40960;   /* P rows s (query), as stored in the record */
-    static constexpr int S0h = 49152, S0l = 65536, dSh = 81920, dSl = 98304;   /* 128 rows (k) of the panel */
-    static constexpr int Vr = 114688, Or = 122880;  /* v, dO raw: the panel's columns, rows t */
-    static constexpr int Xh = 131072, Xl = 139264;  /* X, then U */
-    static constexpr int dUh = 147456, dUl = 155648;
-    static constexpr int sc = 163840;               /* xs = beta exp(gc) rk, us = ek rk, rk */
+    static constexpr int Th = 16384;               /* Tm rows t (bf16) */
+    static constexpr int Ph = 24576;               /* P rows s (query), as stored in the record (bf16) */
+    static constexpr int S0h = 32768, S0l = 49152, dSh = 65536, dSl = 81920;   /* 128 rows (k) of the panel */
+    static constexpr int Vr = 98304, Or = 106496;   /* v, dO raw: the panel's columns, rows t */
+    static constexpr int Xh = 114688, Xl = 122880;  /* X, then U */
+    static constexpr int dUh = 131072, dUl = 139264;
+    static constexpr int sc = 147456;               /* xs = beta exp(gc) rk, us = ek rk, rk */
     static constexpr int bytes = sc + 3 * CC * 4;
 };
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
@@ -349,21 +352,18 @@ __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
         stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
-/* x = K B for a panel B (128 rows of k, 64 columns) at bh, bl (hi, lo;
- * MN-major), K raw: eight k16 steps, hi and lo each */
-__device__ __forceinline__ void k_times(float *x, const char *vb, int bh, int bl) {
+/* x = K B for a panel B (128 rows of k, 64 columns) at bh (its bf16 hi
+ * half; MN-major), K raw: eight k16 steps */
+__device__ __forceinline__ void k_times(float *x, const char *vb, int bh) {
     cfwd::wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-        const uint64_t da = vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32);
-        wss64<0, 1>(x, da, vdesc(vb + bh + kk * 2048), kk);
-        wss64<0, 1>(x, da, vdesc(vb + bl + kk * 2048), 1);
-    }
+    for (int kk = 0; kk < 8; kk++)
+        wss64<0, 1>(x, vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), vdesc(vb + bh + kk * 2048), kk);
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
 /* x = Tm B (TT = 0) or Tm^T B (TT = 1) for a 64 x 64 block B at bh, bl (hi,
- * lo; MN-major: rows are k): hi hi + hi lo + lo hi over four k16 steps */
+ * lo; MN-major: rows are k), Tm as bf16: two products over four k16 steps */
 template <int TT> __device__ __forceinline__ void tm_times(float *x, const char *vb, int bh, int bl) {
     constexpr int as = TT ? 2048 : 32;   /* Tm's k step: rows (transposed) or 32 bytes along its rows */
     cfwd::wg_fence();
@@ -372,16 +372,18 @@ template <int TT> __device__ __forceinline__ void tm_times(float *x, const char 
         const uint64_t th = vdesc(vb + VS::Th + kk * as), b = vdesc(vb + bh + kk * 2048);
         wss64<TT, 1>(x, th, b, kk);
         wss64<TT, 1>(x, th, vdesc(vb + bl + kk * 2048), 1);
-        wss64<TT, 1>(x, vdesc(vb + VS::Tl + kk * as), b, 1);
     }
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
-/* four fp32 values as hi, lo bf16 halves (8 bytes each) */
+/* four fp32 values as hi, lo bf16 halves (8 bytes each); as bf16 alone */
 __device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
     const uint32_t h0 = WM::pack(v.x, v.y), h1 = WM::pack(v.z, v.w);
     *reinterpret_cast<uint2 *>(hi) = make_uint2(h0, h1);
     *reinterpret_cast<uint2 *>(lo) = make_uint2(WM::pack(v.x - WM::lo(h0), v.y - WM::hi(h0)), WM::pack(v.z - WM::lo(h1), v.w - WM::hi(h1)));
+}
+__device__ __forceinline__ void put_bf4(char *hi, float4 v) {
+    *reinterpret_cast<uint2 *>(hi) = make_uint2(WM::pack(v.x, v.y), WM::pack(v.z, v.w));
 }
 
 /* the V walk of one item: the sums into aKd, aXq, aWk (c x K) and aP, aTm
@@ -396,7 +398,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
     const int g = lane >> 2, tq = lane & 3, V = p.V;
     float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC, *rks = us + CC;
-    /* k rows raw by cp.async (rows past c zero), Tm and P as hi + lo, the row scales */
+    /* k rows raw by cp.async (rows past c zero), Tm and P as bf16, the row scales */
     for (int e = tid; e < CC * 16; e += NT) {
         const int r = e >> 4, c16 = e & 15;
         const bool in = r < c;
@@ -411,8 +413,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
 #pragma unroll
         for (int u = 0; u < CC * CC / 4 / NT; u++) {
             const int e = 4 * (tid + u * NT), r = e >> 6, c0 = e & 63;
-            put_hilo4(vb + VS::Th + swz(r, c0), vb + VS::Tl + swz(r, c0), mt.r[u]);
-            put_hilo4(vb + VS::Ph + swz(r, c0), vb + VS::Pl + swz(r, c0), mp.r[u]);
+            put_bf4(vb + VS::Th + swz(r, c0), mt.r[u]);
+            put_bf4(vb + VS::Ph + swz(r, c0), mp.r[u]);
         }
     }
     if (tid < CC) {
@@ -454,7 +456,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         __syncthreads();
         float x[32];
         if (cg == 0) {   /* X = beta v - xs K S0 */
-            k_times(x, vb, VS::S0h, VS::S0l);
+            k_times(x, vb, VS::S0h);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -466,16 +468,14 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                 }
             store_hilo(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
-            k_times(x, vb, VS::dSh, VS::dSl);
+            k_times(x, vb, VS::dSh);
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
             for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                const uint64_t db = vdesc(vb + VS::Or + kk * 2048);
-                wss64<1, 1>(x, vdesc(vb + VS::Ph + kk * 2048), db, 1);
-                wss64<1, 1>(x, vdesc(vb + VS::Pl + kk * 2048), db, 1);
+                wss64<1, 1>(x, vdesc(vb + VS::Ph + kk * 2048), vdesc(vb + VS::Or + kk * 2048), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -742,20 +742,17 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         vside_wg(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot);
         BP(1);
         /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
-         * still in shared memory (hi + lo: the K side rounds to tf32), read
-         * whole before any is written over */
+         * still in shared memory (Tm and P as the walk's bf16), read whole
+         * before any is written over */
         __syncthreads();
         const float *rks = reinterpret_cast<const float *>(vb + VS::sc) + 2 * CC;
         float tv[CC * CC / NT], pv[CC * CC / NT], kv[CC * 128 / NT];
 #pragma unroll
         for (int u = 0; u < CC * CC / 4 / NT; u++) {
             const int e = 4 * (tid + u * NT), r = e >> 6, c0 = e & 63, at = cfwd::swz(r, c0);
-            const uint2 th = *reinterpret_cast<const uint2 *>(vb + VS::Th + at), tl = *reinterpret_cast<const uint2 *>(vb + VS::Tl + at);
-            const uint2 ph = *reinterpret_cast<const uint2 *>(vb + VS::Ph + at), pl = *reinterpret_cast<const uint2 *>(vb + VS::Pl + at);
-            tv[4 * u] = WM::lo(th.x) + WM::lo(tl.x); tv[4 * u + 1] = WM::hi(th.x) + WM::hi(tl.x);
-            tv[4 * u + 2] = WM::lo(th.y) + WM::lo(tl.y); tv[4 * u + 3] = WM::hi(th.y) + WM::hi(tl.y);
-            pv[4 * u] = WM::lo(ph.x) + WM::lo(pl.x); pv[4 * u + 1] = WM::hi(ph.x) + WM::hi(pl.x);
-            pv[4 * u + 2] = WM::lo(ph.y) + WM::lo(pl.y); pv[4 * u + 3] = WM::hi(ph.y) + WM::hi(pl.y);
+            const uint2 th = *reinterpret_cast<const uint2 *>(vb + VS::Th + at), ph = *reinterpret_cast<const uint2 *>(vb + VS::Ph + at);
+            tv[4 * u] = WM::lo(th.x); tv[4 * u + 1] = WM::hi(th.x); tv[4 * u + 2] = WM::lo(th.y); tv[4 * u + 3] = WM::hi(th.y);
+            pv[4 * u] = WM::lo(ph.x); pv[4 * u + 1] = WM::hi(ph.x); pv[4 * u + 2] = WM::lo(ph.y); pv[4 * u + 3] = WM::hi(ph.y);
         }
 #pragma unroll
         for (int u = 0; u < CC * 128 / 4 / NT; u++) {

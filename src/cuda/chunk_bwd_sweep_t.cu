@@ -6,17 +6,18 @@
  * Per chunk, in reverse (bwd_sweep of chunk_bwd_sweep.cu, transposed; the
  * rows of dS^T are this warpgroup's 64 columns of V):
  *   dstates[slot] = dS
- *   Z^T  = dS^T K^T                         (dS as hi + lo)
- *   dU^T = Z^T diag(ek rk) + dO^T P         (P as hi + lo; dO exact)
- *   Y^T  = dU^T Tm                          (dU and Tm as hi + lo: three products)
+ *   Z^T  = dS^T K^T                         (dS rounded to bf16)
+ *   dU^T = Z^T diag(ek rk) + dO^T P         (P rounded to bf16; dO exact)
+ *   Y^T  = dU^T Tm                          (dU as hi + lo, Tm rounded: two products)
  *   dS^T = exp(gL) dS^T - (Y^T diag(beta exp(gc) rk)) K + (dO^T diag(scale exp(gc) rq)) Q
  * q and k stay raw (bf16 is exact there) with their rstd as the scales
- * above; every other operand is split into bf16 hi + lo halves, so each
- * product keeps ~16 bits of its inexact operands (3xTF32 kept ~21; the
- * gradients are stored in 16 bits). A chunk's k, q, dO rows (128-byte
- * swizzle) and its record's Tm, P and gate rows come by cp.async a chunk
- * ahead into the other of two stages; Tm and P are split into their blocked
- * bf16 hi / lo operands once a chunk by the whole block. */
+ * above; the operands of the state update (Y, the scaled dO) are split into
+ * bf16 hi + lo halves, so the carried gradient keeps ~16 bits of them; dS,
+ * Tm and P as bf16 (the gradients' measured margins: bench/NOTES.md v4.7).
+ * A chunk's k, q, dO rows (128-byte swizzle) and its record's Tm, P and
+ * gate rows come by cp.async a chunk ahead into the other of two stages;
+ * Tm and P are rounded into their blocked bf16 operands once a chunk by the
+ * whole block. */
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
@@ -43,11 +44,9 @@ struct RStage {           /* one chunk's inputs, in bytes; 1024-byte aligned pie
 };
 static_assert(RStage::bytes % 1024 == 0 && RStage::tok + 1024 == RStage::bytes, "stages keep the swizzle's alignment");
 struct RSmem {
-    static constexpr int ph = 2 * RStage::bytes;   /* P as B (k = s, n = t): hi, lo, blocked bf16 */
-    static constexpr int pl = ph + 8192;
-    static constexpr int th = pl + 8192;           /* Tm as B (k = u, n = t): hi, lo */
-    static constexpr int tl = th + 8192;
-    static constexpr int sc = tl + 8192;           /* per token: eks, ys, qs (fp32) */
+    static constexpr int ph = 2 * RStage::bytes;   /* P as B (k = s, n = t), blocked bf16 */
+    static constexpr int th = ph + 8192;           /* Tm as B (k = u, n = t) */
+    static constexpr int sc = th + 8192;           /* per token: eks, ys, qs (fp32) */
     static constexpr int bytes = sc + 3 * CC * 4 + 1024;   /* + the base's alignment */
 };
 
@@ -71,8 +70,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     int64_t cb, nch;   /* chunks [cb, nch), walked from nch - 1 */
     sweep_range(p, (len + CC - 1) / CC, &cb, &nch);
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
-    __nv_bfloat16 *Ph = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::ph), *Pl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::pl);
-    __nv_bfloat16 *Th = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::th), *Tl = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::tl);
+    __nv_bfloat16 *Ph = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::ph), *Th = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::th);
     float *eks = reinterpret_cast<float *>(sm + RSmem::sc), *ys = eks + CC, *qs = ys + CC;
 
     /* chunk ci into stage sl (every thread its pieces; one commit group), and
@@ -137,7 +135,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
                 for (int e = 0; e < 4; e++) sd[(int64_t)(8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
         }
         BP(0);
-        /* Tm and P into their blocked hi / lo operands; the per-token scales */
+        /* Tm and P into their blocked bf16 operands; the per-token scales */
         {
             const float *Tf = reinterpret_cast<const float *>(stg + RStage::rec), *Pf = Tf + CC * CC;
 #pragma unroll 4
@@ -146,10 +144,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
                 const int t = (x & 7) + 8 * ((x >> 5) & 7), sp = ((x >> 3) & 3) + 4 * (x >> 8), s = 2 * sp;
                 const float *F = mat ? Pf : Tf;
                 const float a = F[s * CC + t], b = F[(s + 1) * CC + t];
-                const uint32_t hi = M::pack(a, b), lo = M::pack(a - M::lo(hi), b - M::hi(hi));
-                const int at = blk64(t, s);
-                *reinterpret_cast<uint32_t *>((mat ? Ph : Th) + at) = hi;
-                *reinterpret_cast<uint32_t *>((mat ? Pl : Tl) + at) = lo;
+                *reinterpret_cast<uint32_t *>((mat ? Ph : Th) + blk64(t, s)) = M::pack(a, b);
             }
             if (tid < CC) {
                 const double *gcd = reinterpret_cast<const double *>(stg + RStage::tok);
@@ -169,16 +164,12 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         /* ---- Z^T = dS^T K^T ---- */
         float z[32], u[32];
         {
-            uint32_t sa[8][2][4];
+            uint32_t sa[8][4];
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][1], st, kk);
+            for (int kk = 0; kk < 8; kk++) afrag<M>(sa[kk], st, kk);
             cfwd::wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const uint64_t db = desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16);
-                wgt_rs<64, true, 0>(z, sa[kk][0], db, kk);
-                wgt_rs<64, true, 0>(z, sa[kk][1], db, 1);
-            }
+            for (int kk = 0; kk < 8; kk++) wgt_rs<64, true, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
         }
@@ -197,7 +188,6 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         for (int kk = 0; kk < 4; kk++) {
             const uint32_t a[4] = {vt[2 * kk][0], vt[2 * kk][1], vt[2 * kk + 1][0], vt[2 * kk + 1][1]};
             wgt_rs<64, true, 0>(u, a, desc_blk(Ph + kk * 128), kk);
-            wgt_rs<64, true, 0>(u, a, desc_blk(Pl + kk * 128), 1);
         }
         cfwd::wg_commit();
         cfwd::wg_wait<0>();
@@ -218,7 +208,6 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 wgt_rs<64, true, 0>(y, ua[kk][0], desc_blk(Th + kk * 128), kk);
-                wgt_rs<64, true, 0>(y, ua[kk][0], desc_blk(Tl + kk * 128), 1);
                 wgt_rs<64, true, 0>(y, ua[kk][1], desc_blk(Th + kk * 128), 1);
             }
             cfwd::wg_commit();
