@@ -376,12 +376,13 @@ template <int TT> __device__ __forceinline__ void tm_times(float *x, const char 
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
-/* four fp32 values as hi, lo bf16 halves (8 bytes each); as bf16 alone */
+/* four fp32 values as hi, lo bf16 halves (8 bytes each) */
 __device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
     const uint32_t h0 = WM::pack(v.x, v.y), h1 = WM::pack(v.z, v.w);
     *reinterpret_cast<uint2 *>(hi) = make_uint2(h0, h1);
     *reinterpret_cast<uint2 *>(lo) = make_uint2(WM::pack(v.x - WM::lo(h0), v.y - WM::hi(h0)), WM::pack(v.z - WM::lo(h1), v.w - WM::hi(h1)));
 }
+/* four fp32 values rounded to bf16 (8 bytes) */
 __device__ __forceinline__ void put_bf4(char *hi, float4 v) {
     *reinterpret_cast<uint2 *>(hi) = make_uint2(WM::pack(v.x, v.y), WM::pack(v.z, v.w));
 }
