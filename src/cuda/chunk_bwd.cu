@@ -344,6 +344,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K))
                    : (one ? GrpPass<false>::attr(K, V) : GrpPass<SPLIT>::attr(K, V))) != cudaSuccess)
         return e;
+    /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
+    const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
+    if (fused && (e = Fused::attr()) != cudaSuccess) return e;
     if (part != BACK && !wl.rw) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
@@ -398,7 +401,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         if (fs < 0) return cudaErrorLaunchFailure;
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
-        if (!wl.wn) SweepPass<SPLIT>::launch_bwd(p, blocks, st);
+        if (!wl.wn && fused) Fused::launch(p, st);
+        else if (!wl.wn) SweepPass<SPLIT>::launch_bwd(p, blocks, st);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     PHASE(3);
@@ -420,16 +424,21 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 PrepPass<SPLIT>::launch(q, st);
             }
             WLAP(1);
-            SweepPass<SPLIT>::launch_bwd(q, blocks, st);
-            WLAP(2);
-            if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
-            else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
+            if (fused) {
+                WLAP(2);
+                Fused::launch(q, st);
+            } else {
+                SweepPass<SPLIT>::launch_bwd(q, blocks, st);
+                WLAP(2);
+                if (one) LocalPass<false>::launch(q, G, p.N * wl.wn, st);
+                else LocalPass<SPLIT>::launch(q, G, p.N * wl.wn, st);
+            }
             WLAP(3);
             if ((e = cudaGetLastError()) != cudaSuccess) return e;
         }
     }
     const int64_t gs = wl.wn ? ns : group_slots(&view);
-    for (int64_t s0 = wl.wn ? ns : 0; s0 < ns; s0 += gs) {
+    for (int64_t s0 = wl.wn || fused ? ns : 0; s0 < ns; s0 += gs) {
         const int64_t s1 = s0 + gs < ns ? s0 + gs : ns;
         Grp G;
         G.s0 = s0; G.scr = reinterpret_cast<float *>(ws + wl.scr); G.o = o; G.cl = local && local_cluster(K, p.G);

@@ -342,8 +342,12 @@ template <typename S> __device__ __forceinline__ S warp_pair_scan(S a0, S a1) {
  * them at gt[0..CC) (x), gt[CC..2CC) (g), gt[2CC..3CC) (beta), gt[3CC] (A) */
 struct GateTok {
     float x = 0.f, gr = 0.f, b = 0.f, A = 0.f;
+    int t = 0;   /* the token: threadIdx.x, or the caller's numbering (issue_t) */
     __device__ __forceinline__ void issue(const BwdArgs &p, const float *rec, int64_t row0, int c, int j) {
-        const int t = threadIdx.x;
+        issue_t(p, rec, row0, c, j, (int)threadIdx.x);
+    }
+    __device__ __forceinline__ void issue_t(const BwdArgs &p, const float *rec, int64_t row0, int c, int j, int tt) {
+        t = tt;
         if (t < c && p.g && (p.flags & GDN_GATE_FUSED)) {
             x = gdn::ld(p.g, (row0 + t) * p.HV + j, p.gdt) + (p.dt_bias ? p.dt_bias[j] : 0.f);
             gr = rec[R_G + t];
@@ -352,8 +356,8 @@ struct GateTok {
         if (t < c && (p.flags & GDN_BETA_SIGMOID)) b = gdn::ld(p.beta, (row0 + t) * p.HV + j, p.gdt);
     }
     __device__ __forceinline__ void commit(float *gt) const {
-        if (threadIdx.x < CC) { gt[threadIdx.x] = x; gt[CC + threadIdx.x] = gr; gt[2 * CC + threadIdx.x] = b; }
-        if (threadIdx.x == 0) gt[3 * CC] = -expf(A);
+        if (t < CC) { gt[t] = x; gt[CC + t] = gr; gt[2 * CC + t] = b; }
+        if (t == 0) gt[3 * CC] = -expf(A);
     }
 };
 constexpr int GT_FLOATS = 3 * CC + 4;
@@ -372,11 +376,17 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
  * Every thread of the block calls it; row holds CC floats and pre CC x (CC
  * + 1) doubles of shared memory; gt the inputs GateTok fetched (committed
  * before the block's last barrier). */
-template <typename S = double>
-__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
-                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1]) {
+/* every thread of the block, or (gate_store_t) NT threads numbered t whose
+ * barrier is sync() */
+struct BlockSync {
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+template <typename S, typename Sync>
+__device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
+                                    int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1], int t,
+                                    const Sync &sync) {
     const int64_t gi = slot * p.HV + j;
-    const int t = threadIdx.x, HV = p.HV;
+    const int HV = p.HV;
     double(*pre)[CC + 1] = pre_mem;
     S(*ps)[CC + 1] = reinterpret_cast<S(*)[CC + 1]>(pre_mem);
     if (p.g) {
@@ -391,7 +401,7 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
             ps[tp][2 * lane] = ex;
             ps[tp][2 * lane + 1] = ex + a0;
         }
-        __syncthreads();
+        sync();
         {
             const int col = t >> 2, q = t & 3;
             S acc = 0;
@@ -401,7 +411,7 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);
             if (q == 0 && col < c) row[col] = (float)acc;
         }
-        __syncthreads();
+        sync();
         if (p.flags & GDN_GATE_FUSED) {
             /* token t by thread t; the partials summed over the tokens by a
              * fixed tree (shuffles in each of the two warps, then warp 0 + warp 1) */
@@ -421,7 +431,7 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
                 }
                 if ((t & 31) == 0) { pre[0][t >> 5] = sa; pre[1][t >> 5] = sb; }
             }
-            __syncthreads();
+            sync();
             if (t == 0) {
                 p.part[gi] = pre[0][0] + pre[0][1];
                 p.part[p.nslots * HV + gi] = pre[1][0] + pre[1][1];
@@ -438,6 +448,11 @@ __device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t
         }
         gdn::st(p.dbeta, (row0 + t) * HV + j, db, p.gdt);
     }
+}
+template <typename S = double>
+__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
+                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1]) {
+    gate_store_t<S>(p, slot, j, row0, c, gt, Rg, ldr, dgc, dbeta, row, pre_mem, (int)threadIdx.x, BlockSync());
 }
 
 /* ---- the group stage: per-item scratch (floats, offsets from the item's base) ---- */
@@ -488,6 +503,16 @@ template <bool SPLIT> struct GDN_CBWD_HIDDEN SweepPass {
 /* chunk_bwd_sweep_t.cu: the reverse sweep transposed on wgmma, where it takes
  * the shape (bf16, K = 128, V in 128-column blocks); launch_bwd goes there */
 struct GDN_CBWD_HIDDEN SweepT {
+    static bool takes(const BwdArgs &p);
+    static cudaError_t attr();
+    static void launch(const BwdArgs &p, cudaStream_t st);
+};
+/* chunk_bwd_fused.cu: the reverse sweep and the chunk-local stage in one
+ * pass, one block per (sequence, value head) in clusters of the G value heads
+ * of a q/k head, where it takes the shape (bf16, K = V = 128, G <= 8,
+ * 16-byte aligned rows); it reads the records and forward states as the local
+ * stage does and keeps no state gradient but the carried one (dht -> dh0) */
+struct GDN_CBWD_HIDDEN Fused {
     static bool takes(const BwdArgs &p);
     static cudaError_t attr();
     static void launch(const BwdArgs &p, cudaStream_t st);

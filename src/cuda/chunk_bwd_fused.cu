@@ -1,0 +1,969 @@
+/* CUDA chunk backward v5, the fused pass (bf16, K = V = 128): one block per
+ * (sequence, value head) walks its chunks in reverse with the state
+ * gradient dS in registers and forms every chunk-local gradient on the way,
+ * so the reverse sweep and the local stage are one kernel and no chunk's dS
+ * leaves the SM; its launcher.
+ *
+ * Three warpgroups, each with its own loop over the chunks, meeting at
+ * barriers (named, per phase):
+ *   S (warpgroup 0) holds dS (128 x 128 fp32, 128 registers a thread):
+ *     stores dS and the state S0 entering the chunk (fp32 from the forward
+ *     states, staged in shared memory) as bf16 operands, S0 . dS in fp32
+ *     for the gate, then the update
+ *       dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv)
+ *     with q, k raw and the scaled dO, dBv as hi + lo (all from shared
+ *     memory: A operands from registers cost the 128 a wgmma pipeline).
+ *   V (warpgroup 1): dU = diag(ek rk) K dS + P^T dO, dTm = dU X^T,
+ *     dBv = Tm^T dU (dv, dbeta's dBv . v), Xq = dO S0^T (dQc, the gate's
+ *     q . Xq), dP = dO U^T (the pair terms, dP~), dQc += dP~ K, then
+ *     tmp = dTm Tm^T, dA = -Tm^T tmp, KK = K K^T: the gate's pairs and
+ *     dbeta's terms, and dKK + dKK^T for the T side.
+ *   T (warpgroup 2): X = beta v - xs K S0, U = Tm X, dKd = U dS^T (dKc =
+ *     ek dKd, the gate's last-row pairs k . dKd), dBk = -dBv S0^T (dKc,
+ *     the gate's and dbeta's k . dBk), dKc += dP~^T Q + (dKK + dKK^T) K.
+ * (dTm = dU X^T is dWk Bk^T + dU Bv^T of chunk_bwd.c, X being Bv - Bk S0;
+ * dBk = Tm^T dWk is -dBv S0^T: neither needs dWk.) Then dQc, dKc meet the
+ * other value heads' in the cluster (G blocks), dq and dk leave through
+ * the L2 norm chain, and gate_store forms dg, dbeta and the gate's
+ * partials, as the local stage does.
+ *
+ * Operands: q, k, v, dO raw (exact in bf16; rstd as row scales); Tm, P, S0,
+ * dS rounded to bf16; X, U, dU, dBv and every K-side operand formed here
+ * as hi + lo halves (the measured margins: bench/NOTES.md v4.7 and v5).
+ * Shared memory (bytes from a 1024-aligned base): the chunk's rows
+ * [KR | QR | VR | OR] (64 x 128 bf16, two 64-column blocks each, 128-byte
+ * swizzle), TH and PH (Tm, P as bf16), and four 32 KB regions A-D whose
+ * contents change over the chunk:
+ *   A: S0 (bf16, k rows) | dQc (fp32) for the cluster's sums
+ *   B: dS (bf16)         | tmp, dKK + dKK^T (hi + lo) | dKc (fp32)
+ *   C: S0 fp32 staging (with D) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
+ *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums */
+#include <cooperative_groups.h>
+#include "cuda/chunk_bwd.cuh"
+#include "cuda/chunk_fwd.cuh"
+
+namespace gdn {
+namespace cbwd {
+namespace {
+
+using M = cfwd::mma_traits<__nv_bfloat16>;
+using cfwd::afrag_hilo;
+using cfwd::desc_sw128;
+using cfwd::stsm4;
+using cfwd::swz;
+using cfwd::vdesc;
+using cfwd::wgt_rs;
+using cfwd::wss64;
+
+constexpr int FT = 384;   /* threads: three warpgroups */
+struct FS {               /* byte offsets */
+    static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
+    static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
+    /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
+    static constexpr int NF = 17;
+    static constexpr int bytes = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4 + 1024;   /* + the base's alignment */
+};
+static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an SM");
+
+/* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V -> T), 5 dKK + dKK^T
+ * stored (V -> T), 6 the gate (V and T) */
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+/* the block's barrier, one copy a role (the role in the text: the roles' code
+ * is never merged, so the registers one role keeps live are not the others') */
+template <int ROLE> __device__ __forceinline__ void block_bar() {
+    if constexpr (ROLE == 0) asm volatile("bar.sync 0, 384; // S" ::: "memory");
+    else if constexpr (ROLE == 1) asm volatile("bar.sync 0, 384; // V" ::: "memory");
+    else asm volatile("bar.sync 0, 384; // T" ::: "memory");
+}
+template <int ROLE> __device__ __forceinline__ void cluster_bar() {
+    if constexpr (ROLE == 0) asm volatile("barrier.cluster.arrive.release.aligned; // S\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.release.aligned; // V\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    else asm volatile("barrier.cluster.arrive.release.aligned; // T\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+enum { BAR_X = 4, BAR_S = 5, BAR_G = 6 };
+/* the base pointer, opaque to the compiler: addresses and descriptors are
+ * formed again after each barrier, not hoisted out of the chunk loop and
+ * kept in registers across it */
+/* the thread's index read anew at each use (volatile): the addresses formed
+ * from it are formed where they are used, not hoisted out of the chunk loop
+ * and kept in registers (or spilled) across it */
+__device__ __forceinline__ int tidx() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+}
+__device__ __forceinline__ char *fresh(char *p) {
+    //asm volatile("" : "+l"(p));
+    return p;
+}
+
+#ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk */
+#define FP_DECL long long fp_[12] = {0}, ft_ = clock64()
+#define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; } } while (0)
+#define FP_PRINT(name, nch)                                                                                   \
+    do {                                                                                                      \
+        if ((threadIdx.x & 127) == 0 && blockIdx.x == 0 && (nch) > 0) {                                        \
+            printf("fused %s cycles/chunk: start %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end %lld | %lld %lld %lld %lld %lld\n", name, \
+                   fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[6] / (nch), \
+                   fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[10] / (nch), fp_[11] / (nch)); \
+        }                                                                                                     \
+    } while (0)
+#else
+#define FP_DECL do { } while (0)
+#define FP(k) do { } while (0)
+#define FP_PRINT(name, nch) do { } while (0)
+#endif
+
+template <int TA, int TB> __device__ __forceinline__ void wss128(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile(WGX_OP(128, "bf16", WG_R64, "%64, %65", "%66", "%67, %68") : WG_D64 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+/* a warpgroup's m64 accumulator block (32 values: 64 rows, 64 columns) to a
+ * 64-column block of 128-byte swizzled rows as bf16 (hi; lo the residual) */
+__device__ __forceinline__ void st_blk(const float *x, char *hi, char *lo) {
+    const int tx = tidx(), lane = tx & 31, wl = (tx >> 5) & 3, m = lane >> 3;
+    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+    for (int a = 0; a < 8; a += 2) {
+        const int at = swz(row, 8 * (a + (m >> 1)));
+        uint32_t h[4], l[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
+            h[q] = M::pack(x[b], x[b + 1]);
+            l[q] = M::pack(x[b] - M::lo(h[q]), x[b + 1] - M::hi(h[q]));
+        }
+        stsm4(hi + at, h[0], h[1], h[2], h[3]);
+        if (lo) stsm4(lo + at, l[0], l[1], l[2], l[3]);
+    }
+}
+/* the same times row scales f0 (rows r0 = 16 wl + g) and f1 (r0 + 8) */
+__device__ __forceinline__ void st_blk_rows(const float *x, char *hi, char *lo, float f0, float f1) {
+    const int tx = tidx(), lane = tx & 31, wl = (tx >> 5) & 3, m = lane >> 3;
+    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+    for (int a = 0; a < 8; a += 2) {
+        const int at = swz(row, 8 * (a + (m >> 1)));
+        uint32_t h[4], l[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
+            const float f = (q & 1) ? f1 : f0, v0 = x[b] * f, v1 = x[b + 1] * f;
+            h[q] = M::pack(v0, v1);
+            l[q] = M::pack(v0 - M::lo(h[q]), v1 - M::hi(h[q]));
+        }
+        stsm4(hi + at, h[0], h[1], h[2], h[3]);
+        stsm4(lo + at, l[0], l[1], l[2], l[3]);
+    }
+}
+/* an m64n128 accumulator (64 values) to a 64-row tile [cols 0-63 | 64-127] as hi + lo */
+__device__ __forceinline__ void st_tile(const float *x, char *hi, char *lo) {
+    st_blk(x, hi, lo);
+    st_blk(x + 32, hi + 8192, lo + 8192);
+}
+
+/* the thread's rows of an accumulator: r0 = 16 wl + g and r0 + 8; column 8 a + 2 tq (+1) */
+struct Frag {
+    int r0, tq;
+    __device__ __forceinline__ Frag() {
+        const int tx = tidx(), lane = tx & 31;
+        r0 = 16 * ((tx >> 5) & 3) + (lane >> 2);
+        tq = lane & 3;
+    }
+};
+/* per row, the dot of an m64n128 accumulator with a bf16 tile (raw rows,
+ * [cols 0-63 | 64-127]), summed over the quad: every lane gets its rows' */
+__device__ __forceinline__ float2 rowdot(const float *x, const char *T, const Frag &f) {
+    float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+    for (int a = 0; a < 16; a++) {
+        const int col = 8 * (a & 7) + 2 * f.tq;
+        const char *b = T + (a >> 3) * 8192;
+        const uint32_t w0 = *reinterpret_cast<const uint32_t *>(b + swz(f.r0, col));
+        const uint32_t w1 = *reinterpret_cast<const uint32_t *>(b + swz(f.r0 + 8, col));
+        d0 = fmaf(x[4 * a], M::lo(w0), fmaf(x[4 * a + 1], M::hi(w0), d0));
+        d1 = fmaf(x[4 * a + 2], M::lo(w1), fmaf(x[4 * a + 3], M::hi(w1), d1));
+    }
+    d0 += __shfl_xor_sync(0xffffffffu, d0, 1);
+    d0 += __shfl_xor_sync(0xffffffffu, d0, 2);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, 1);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, 2);
+    return make_float2(d0, d1);
+}
+template <int NV> __device__ __forceinline__ void row_mul(float *x, float s0, float s1) {
+#pragma unroll
+    for (int a = 0; a < NV / 4; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
+}
+/* an m64n128 fp32 accumulator to / from a 64 x 128 fp32 array (512-byte
+ * rows, 16-byte pieces swizzled by the row) */
+__device__ __forceinline__ int f32_at(int row, int col) { return row * 512 + ((((col >> 2) ^ row) & 7) | ((col >> 2) & ~7)) * 16 + (col & 3) * 4; }
+__device__ __forceinline__ void st_f32(const float *x, char *dst, const Frag &f) {
+#pragma unroll
+    for (int a = 0; a < 16; a++) {
+        const int col = 8 * a + 2 * f.tq;
+        *reinterpret_cast<float2 *>(dst + f32_at(f.r0, col)) = make_float2(x[4 * a], x[4 * a + 1]);
+        *reinterpret_cast<float2 *>(dst + f32_at(f.r0 + 8, col)) = make_float2(x[4 * a + 2], x[4 * a + 3]);
+    }
+}
+
+/* the per-chunk scalars (threads t < CC of the T warpgroup write them) */
+struct Sc {
+    double *gcd;
+    float *gam, *bet, *rk, *rq, *ek, *xs, *us, *qs, *dgq, *dgk, *dbv, *dbk, *dba, *rl, *row, *tot, *gt, *red;
+    __device__ __forceinline__ explicit Sc(char *sm) {
+        gcd = reinterpret_cast<double *>(sm + FS::SC);
+        float *f = reinterpret_cast<float *>(gcd + CC);
+        gam = f; bet = f + CC; rk = f + 2 * CC; rq = f + 3 * CC; ek = f + 4 * CC; xs = f + 5 * CC; us = f + 6 * CC; qs = f + 7 * CC;
+        dgq = f + 8 * CC; dgk = f + 9 * CC; dbv = f + 10 * CC; dbk = f + 11 * CC; dba = f + 12 * CC; rl = f + 13 * CC;
+        row = f + 14 * CC; tot = f + 15 * CC; /* [16 * CC, 17 * CC): spare */
+        gt = f + FS::NF * CC; red = gt + GT_FLOATS;
+    }
+};
+
+/* the chunk's inputs: the rows of k, q (head h), v, dO (value head j) by
+ * cp.async into their tiles (rows past c zero), the forward state S0 (fp32,
+ * k-first) into C and D (16-byte pieces swizzled by the row: f32_at over
+ * 128 columns), Tm and P (the record's fp32) as bf16 by the V and T
+ * warpgroups; one commit group */
+__device__ __forceinline__ int s0_at(int k, int v) { return k * 512 + ((((v >> 2) ^ k) & 7) | ((v >> 2) & ~7)) * 16 + (v & 3) * 4; }
+__device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, int c, int h, int j, const float *S0, const float *rec) {
+    const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
+#pragma unroll 1
+    for (int e = t2; e < 4 * CC * 16; e += 256) {
+        const int m = e >> 10, r = (e >> 4) & 63, c16 = e & 15;
+        const bool in = r < c;
+        const int64_t row = row0 + (in ? r : 0);
+        const void *x = m == 0 ? p.k : m == 1 ? p.q : m == 2 ? p.v : p.dout;
+        const int64_t at = (m < 2 ? row * p.H + h : row * p.HV + j) * (int64_t)128 + c16 * 8;
+        gdn::cp16(sm + m * 16384 + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), static_cast<const __nv_bfloat16 *>(x) + at, in);
+    }
+#pragma unroll 4
+    for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
+        const int k = e >> 5, q = e & 31;
+        gdn::cp16(sm + FS::C + s0_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
+    }
+    gdn::cp_commit();
+    {   /* Tm, P: 2048 float4, 8 a thread */
+        float4 r[8];
+        const float4 *T4 = reinterpret_cast<const float4 *>(rec + R_TM), *P4 = reinterpret_cast<const float4 *>(rec + R_P);
+#pragma unroll
+        for (int u = 0; u < 4; u++) { r[u] = T4[t2 + 256 * u]; r[4 + u] = P4[t2 + 256 * u]; }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int e = 4 * (t2 + 256 * (u & 3)), rr = e >> 6, c0 = e & 63;
+            *reinterpret_cast<uint2 *>(sm + (u < 4 ? FS::TH : FS::PH) + swz(rr, c0)) =
+                make_uint2(M::pack(r[u].x, r[u].y), M::pack(r[u].z, r[u].w));
+        }
+    }
+}
+
+/* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (A) and
+ * dKc (B) in fp32: this block's rows [r per, (r + 1) per), summed in rank
+ * order, through the L2 norm chain; a warp a row at a time, four columns a lane */
+__device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t row0, int c, int h) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
+    const int t1 = t0 + per < c ? t0 + per : c, lane = tidx() & 31, warp = tidx() >> 5;
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    for (int e = warp - 4; e < 2 * (t1 - t0); e += 8) {   /* the V and T warps */
+        const int qk = e & 1, t = t0 + (e >> 1);
+        const int64_t row = row0 + t, at = (row * p.H + h) * 128 + 4 * lane;
+        const uint2 xr = *reinterpret_cast<const uint2 *>(static_cast<const __nv_bfloat16 *>(qk ? p.k : p.q) + at);
+        const float rs = l2 ? (qk ? p.rstd_k : p.rstd_q)[row * p.H + h] : 1.f;
+        const int off = (qk ? FS::A : FS::B) + f32_at(t, 4 * lane);
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int b = 0; b < nb; b++) {
+            const float4 y = *reinterpret_cast<const float4 *>(cl.map_shared_rank(sm + off, b));
+            a.x += y.x; a.y += y.y; a.z += y.z; a.w += y.w;
+        }
+        const float x0 = M::lo(xr.x) * rs, x1 = M::hi(xr.x) * rs, x2 = M::lo(xr.y) * rs, x3 = M::hi(xr.y) * rs;
+        if (l2) {
+            const float d = gdn::warp_sum(x0 * a.x + x1 * a.y + x2 * a.z + x3 * a.w);
+            a.x = rs * (a.x - x0 * d); a.y = rs * (a.y - x1 * d); a.z = rs * (a.z - x2 * d); a.w = rs * (a.w - x3 * d);
+        }
+        *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(qk ? p.dk : p.dq) + at) = make_uint2(M::pack(a.x, a.y), M::pack(a.z, a.w));
+    }
+}
+
+
+/* ---- the three roles. Each walks chunks [cb, top) from the last; the
+ * block barriers a chunk, in order: F (inputs in), S (S0, dS stored),
+ * P1, P2, P3, P4; then the cluster's two (dQc, dKc published; read). ---- */
+struct Walk {
+    int64_t n, bos, len, sb, cb, top;
+    int j, h;
+    __device__ __forceinline__ int64_t row0(int64_t ci) const { return bos + ci * CC; }
+    __device__ __forceinline__ int cnt(int64_t ci) const { return len - ci * CC < CC ? (int)(len - ci * CC) : CC; }
+};
+
+/* the chunk's common start (every role): fetch, the scalars (T's threads
+ * < CC), GateTok's inputs (S's threads < CC), barrier F */
+template <int ROLE>
+__device__ __forceinline__ void chunk_start(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+    const Sc s(sm);
+    const int tid = tidx(), c = w.cnt(ci);
+    const int64_t row0 = w.row0(ci), slot = w.sb + ci;
+    if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
+        const float *rec = rec_at(p, w.n, slot, ci, w.j);
+        fetch(p, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        if (ROLE == 1 && tid < 128 + CC) {
+            GateTok gk;
+            gk.issue_t(p, rec, row0, c, w.j, tid - 128);
+            gk.commit(s.gt);
+        } else if (ROLE == 2 && tid < 256 + CC) {
+            const int t = tid - 256;
+            const double *gd = reinterpret_cast<const double *>(rec + R_GCD);
+            const double gt_ = gd[t], gl = gd[c - 1];
+            const float gm = rec[R_GAM + t], bt = rec[R_BETA + t];
+            const bool on = t < c, l2 = (p.flags & GDN_QK_L2NORM) != 0;
+            const float rk = on ? (l2 ? p.rstd_k[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
+            const float rq = on ? (l2 ? p.rstd_q[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
+            const float ek = on ? expf((float)(gl - gt_)) : 0.f;
+            s.gcd[t] = gt_; s.gam[t] = gm; s.bet[t] = bt; s.rk[t] = rk; s.rq[t] = rq; s.ek[t] = ek;
+            s.xs[t] = bt * gm * rk; s.us[t] = ek * rk; s.qs[t] = p.scale * gm * rq;
+        }
+        gdn::cp_wait_all();
+        cfwd::fence_async_smem();
+    }
+    block_bar<ROLE>();   /* F */
+}
+
+/* the chunk's common end (every role): the cluster's dq, dk, then the gate
+ * (V and T), the cluster barrier that frees A and B */
+template <int ROLE>
+__device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+    const Sc s(sm);
+    namespace cg = cooperative_groups;
+    const int tid = tidx(), c = w.cnt(ci);
+    const int64_t row0 = w.row0(ci), slot = w.sb + ci;
+    cluster_bar<ROLE>();   /* every block's dQc, dKc in its A, B */
+    if (ROLE > 0) {
+        cluster_rows(p, sm, row0, c, w.h);
+        const int t = tid - 128;   /* 256 threads: V and T */
+        float *Rg = reinterpret_cast<float *>(sm + FS::C);
+        if (t < CC) {
+            const float gl = s.gam[c - 1];
+            s.dgq[t] = t < c ? s.dgq[t] + s.dgk[t] + (t == c - 1 ? gl * s.tot[0] : 0.f) : 0.f;
+            s.dbv[t] = t < c ? s.dbv[t] + s.dbk[t] + s.dba[t] : 0.f;
+            if (t < c - 1) Rg[(c - 1) * CC + t] += s.ek[t] * s.rl[t];
+        }
+        const auto sync = [] { bar_sync(BAR_G, 256); };
+        sync();
+        gate_store_t<float>(p, slot, w.j, row0, c, s.gt, Rg, CC, s.dgq, s.dbv, s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), t,
+                            sync);
+    }
+    cluster_bar<ROLE>();   /* no block reads another's A, B any more; C, D free */
+}
+
+/* the state gradient (n, j) between dht / dh0 (either layout) and a staging
+ * area in A and B (s0_at; free before the first chunk's S step and after the
+ * last chunk), by the S warpgroup: in (dht, zero without it) or out (dh0) */
+__device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const Walk &w, bool in) {
+    const int t = tidx();   /* < 128 */
+    const bool vf = (p.flags & GDN_STATE_V_FIRST) != 0;
+    const int64_t base = (w.n * p.HV + w.j) * (int64_t)128 * 128;
+#pragma unroll 4
+    for (int e = t; e < 128 * 32; e += 128) {
+        const int k = e >> 5, q = e & 31;
+        float4 *sp = reinterpret_cast<float4 *>(sm + FS::A + s0_at(k, 4 * q));
+        if (in) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p.dht && !vf) v = *reinterpret_cast<const float4 *>(p.dht + base + (int64_t)k * 128 + 4 * q);
+            else if (p.dht) {
+                const float *x = p.dht + base + (int64_t)(4 * q) * 128 + k;
+                v = make_float4(x[0], x[128], x[256], x[384]);
+            }
+            *sp = v;
+        } else {
+            const float4 v = *sp;
+            if (!vf) *reinterpret_cast<float4 *>(p.dh0 + base + (int64_t)k * 128 + 4 * q) = v;
+            else {
+                float *x = p.dh0 + base + (int64_t)(4 * q) * 128 + k;
+                x[0] = v.x; x[128] = v.y; x[256] = v.z; x[384] = v.w;
+            }
+        }
+    }
+}
+
+/* S: the state gradient */
+__device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w) {
+    Frag f;
+    int lane = tidx() & 31, wl = (tidx() >> 5) & 3, tq = f.tq;
+    /* dS[mt][4 a + 2 hr + e] = dS[k = 64 mt + r0 + 8 hr][v = 8 a + 2 tq + e], from
+     * dht through A and B */
+    float d[2][64];
+    stage_dstate(p, sm, w, true);
+    bar_sync(3, 128);
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int a = 0; a < 16; a++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const float2 v = *reinterpret_cast<const float2 *>(sm + FS::A + s0_at(64 * mt + f.r0 + 8 * hr, 8 * a + 2 * tq));
+                d[mt][4 * a + 2 * hr] = v.x;
+                d[mt][4 * a + 2 * hr + 1] = v.y;
+            }
+    bar_sync(3, 128);
+    FP_DECL;
+    for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
+        chunk_start<0>(p, sm, w, ci);
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(0);
+        const int c = w.cnt(ci);
+        /* S0 (bf16) into A, dS (bf16) into B; S0 . dS: four 8 x 8 matrices a store
+         * (st_blk's order), their S0 values read from the staging area just before */
+        float tot = 0.f;
+        {
+            const int m = lane >> 3, row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                    for (int a = 0; a < 8; a += 2) {
+                        const float *x = &d[mt][32 * hb];
+                        uint32_t hs[4], hd[4];
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            const int aa = a + (q >> 1), hr = q & 1, b = 4 * aa + 2 * hr;
+                            const float2 s0 = *reinterpret_cast<const float2 *>(
+                                sm + FS::C + s0_at(64 * mt + f.r0 + 8 * hr, 64 * hb + 8 * aa + 2 * tq));
+                            tot = fmaf(s0.x, x[b], fmaf(s0.y, x[b + 1], tot));
+                            hs[q] = M::pack(s0.x, s0.y);
+                            hd[q] = M::pack(x[b], x[b + 1]);
+                        }
+                        const int at = hb * 16384 + mt * 8192 + swz(row, 8 * (a + (m >> 1)));
+                        stsm4(sm + FS::A + at, hs[0], hs[1], hs[2], hs[3]);
+                        stsm4(sm + FS::B + at, hd[0], hd[1], hd[2], hd[3]);
+                        asm volatile("" ::: "memory");   /* the next loads not hoisted above: registers */
+                    }
+        }
+        tot = gdn::warp_sum(tot);
+        if (lane == 0) Sc(sm).red[wl] = tot;
+        cfwd::fence_async_smem();
+        bar_sync(3, 128);
+        if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
+        block_bar<0>();   /* S */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(1);
+        block_bar<0>();   /* P1 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(2);
+        block_bar<0>();   /* P2 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(3);
+        /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
+         * the A operands, the scaled dO and dBv (D) as hi + lo B operands built
+         * 16 tokens at a time in VR (free since P2) */
+        {
+            const float gl = Sc(sm).gam[c - 1];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int x = 0; x < 64; x++) d[mt][x] *= gl;
+            char *slab = sm + FS::VR;   /* [Bq hi | Bq lo | By hi | By lo], 16 rows x 128 columns each (4 KB) */
+#pragma unroll 1
+            for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {   /* 256 pieces of 8 columns a tensor, two a thread */
+                    const int e = (tidx() & 127) + 128 * u, r = e >> 4, ch = e & 15, t = 16 * kk + r;
+                    const int src = (ch >> 3) * 8192 + swz(t, (ch & 7) * 8), dst = (ch >> 3) * 2048 + swz(r, (ch & 7) * 8);
+                    const float qs = Sc(sm).qs[t], ys = -Sc(sm).xs[t];
+                    const uint4 o = *reinterpret_cast<const uint4 *>(sm + FS::OR + src);
+                    const uint4 yh = *reinterpret_cast<const uint4 *>(sm + FS::D + src), yl = *reinterpret_cast<const uint4 *>(sm + FS::D + 16384 + src);
+                    const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, hw[4] = {yh.x, yh.y, yh.z, yh.w}, lw[4] = {yl.x, yl.y, yl.z, yl.w};
+                    uint32_t qh[4], ql[4], bh[4], bl[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float x0 = qs * M::lo(ow[i]), x1 = qs * M::hi(ow[i]);
+                        const float y0 = ys * (M::lo(hw[i]) + M::lo(lw[i])), y1 = ys * (M::hi(hw[i]) + M::hi(lw[i]));
+                        qh[i] = M::pack(x0, x1);
+                        ql[i] = M::pack(x0 - M::lo(qh[i]), x1 - M::hi(qh[i]));
+                        bh[i] = M::pack(y0, y1);
+                        bl[i] = M::pack(y0 - M::lo(bh[i]), y1 - M::hi(bh[i]));
+                    }
+                    *reinterpret_cast<uint4 *>(slab + dst) = make_uint4(qh[0], qh[1], qh[2], qh[3]);
+                    *reinterpret_cast<uint4 *>(slab + 4096 + dst) = make_uint4(ql[0], ql[1], ql[2], ql[3]);
+                    *reinterpret_cast<uint4 *>(slab + 8192 + dst) = make_uint4(bh[0], bh[1], bh[2], bh[3]);
+                    *reinterpret_cast<uint4 *>(slab + 12288 + dst) = make_uint4(bl[0], bl[1], bl[2], bl[3]);
+                }
+                cfwd::fence_async_smem();
+                bar_sync(3, 128);
+                cfwd::wg_fence();
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const uint64_t aq = vdesc(sm + FS::QR + mt * 8192 + kk * 2048), ak = vdesc(sm + FS::KR + mt * 8192 + kk * 2048);
+                    wss128<1, 1>(d[mt], aq, desc_sw128(slab, 2048), 1);
+                    wss128<1, 1>(d[mt], aq, desc_sw128(slab + 4096, 2048), 1);
+                    wss128<1, 1>(d[mt], ak, desc_sw128(slab + 8192, 2048), 1);
+                    wss128<1, 1>(d[mt], ak, desc_sw128(slab + 12288, 2048), 1);
+                }
+                cfwd::wg_commit();
+                cfwd::wg_wait<0>();
+                bar_sync(3, 128);   /* the slab read before the next is built */
+            }
+        }
+        block_bar<0>();   /* P3 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(4);
+        block_bar<0>();   /* P4 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(5);
+        chunk_end<0>(p, sm, w, ci);
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        FP(6);
+    }
+    FP_PRINT("S", w.top - w.cb);
+    if (p.dh0) {   /* dh0 through A and B */
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int a = 0; a < 16; a++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    *reinterpret_cast<float2 *>(sm + FS::A + s0_at(64 * mt + f.r0 + 8 * hr, 8 * a + 2 * tq)) =
+                        make_float2(d[mt][4 * a + 2 * hr], d[mt][4 * a + 2 * hr + 1]);
+        bar_sync(3, 128);
+        stage_dstate(p, sm, w, false);
+    }
+}
+
+/* descriptors of a 64-row tile: A / B K-major at k step kk (16 columns);
+ * B MN-major (rows along k, 128 columns) */
+__device__ __forceinline__ uint64_t dk64(const char *t, int kk) { return vdesc(t + (kk >> 2) * 8192 + (kk & 3) * 32); }
+__device__ __forceinline__ uint64_t dk128(const char *t, int kk) { return vdesc(t + (kk >> 2) * 16384 + (kk & 3) * 32); }   /* 128-row (S) tiles */
+__device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_sw128(t + kk * 2048, 8192); }
+__device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_sw128(t + kk * 2048, 16384); }   /* S tiles, k rows */
+
+/* V: dU, dTm, dBv, Xq, dP, dQc; tmp, dA, KK */
+__device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w) {
+    Frag f;
+    int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
+    FP_DECL;
+    for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
+        chunk_start<1>(p, sm, w, ci);
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(0);
+        const int c = w.cnt(ci);
+        const int64_t row0 = w.row0(ci);
+        block_bar<1>();   /* S */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(1);
+        /* P1: dU = diag(us) K dS + P^T dO -> D (hi + lo) */
+        {
+            float z[64];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss128<0, 1>(z, dk64((sm + FS::KR), kk), dmn_s((sm + FS::B), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            row_mul<64>(z, Sc(sm).us[r0], Sc(sm).us[r1]);
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wss128<1, 1>(z, vdesc((sm + FS::PH) + kk * 2048), dmn((sm + FS::OR), kk), 1);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            st_tile(z, (sm + FS::D), (sm + FS::D) + 16384);
+            cfwd::fence_async_smem();
+        }
+        block_bar<1>();   /* P1 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(2);
+        /* P2: dTm = dU X^T (strictly lower); X is free after it. dBv = Tm^T dU:
+         * dv, dBv . v, dBv into D (hi + lo) */
+        float dtm[32];
+        {
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                wss64<0, 0>(dtm, dk64((sm + FS::D), kk), dk64((sm + FS::C), kk), kk);
+                wss64<0, 0>(dtm, dk64((sm + FS::D), kk), dk64((sm + FS::C) + 16384, kk), 1);
+                wss64<0, 0>(dtm, dk64((sm + FS::D) + 16384, kk), dk64((sm + FS::C), kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            bar_arrive(BAR_X, 256);
+#pragma unroll
+            for (int a = 0; a < 8; a++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int t = x < 2 ? r0 : r1, u = 8 * a + 2 * tq + (x & 1);
+                    if (!(u < t && t < c)) dtm[4 * a + x] = 0.f;
+                }
+            float y[64];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wss128<1, 1>(y, vdesc((sm + FS::TH) + kk * 2048), dmn((sm + FS::D), kk), kk);
+                wss128<1, 1>(y, vdesc((sm + FS::TH) + kk * 2048), dmn((sm + FS::D) + 16384, kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float b0 = Sc(sm).bet[r0], b1 = Sc(sm).bet[r1];
+            __nv_bfloat16 *dv = static_cast<__nv_bfloat16 *>(p.dv);
+#pragma unroll
+            for (int a = 0; a < 16; a++) {
+                const int col = 8 * a + 2 * tq;
+                if (r0 < c) *reinterpret_cast<uint32_t *>(dv + ((row0 + r0) * p.HV + w.j) * (int64_t)128 + col) = M::pack(b0 * y[4 * a], b0 * y[4 * a + 1]);
+                if (r1 < c) *reinterpret_cast<uint32_t *>(dv + ((row0 + r1) * p.HV + w.j) * (int64_t)128 + col) = M::pack(b1 * y[4 * a + 2], b1 * y[4 * a + 3]);
+            }
+            const float2 dd = rowdot(y, (sm + FS::VR), f);
+            if (tq == 0) { Sc(sm).dbv[r0] = dd.x; Sc(sm).dbv[r1] = dd.y; }
+            st_tile(y, (sm + FS::D), (sm + FS::D) + 16384);
+            cfwd::fence_async_smem();
+        }
+        block_bar<1>();   /* P2 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(3);
+        /* P3: dP = dO U^T: Rg (into C), dP~; dP~ rq (rows, hi + lo) into C + 16 KB;
+         * dP~ rk (columns) kept as hi + lo A fragments for dQc */
+        uint32_t ph[4][4], pl[4][4];
+        {
+            float dp[32];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                wss64<0, 0>(dp, dk64((sm + FS::OR), kk), dk64((sm + FS::C), kk), kk);
+                wss64<0, 0>(dp, dk64((sm + FS::OR), kk), dk64((sm + FS::C) + 16384, kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            float *Rg = reinterpret_cast<float *>((sm + FS::C));
+#pragma unroll
+            for (int a = 0; a < 8; a++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int t = x < 2 ? r0 : r1, u = 8 * a + 2 * tq + (x & 1);
+                    const float v = dp[4 * a + x];
+                    const uint32_t pw = *reinterpret_cast<const uint32_t *>((sm + FS::PH) + swz(t, u & ~1));
+                    const float P = (u & 1) ? M::hi(pw) : M::lo(pw);
+                    Rg[t * CC + u] = u < t && t < c ? v * P : 0.f;
+                    dp[4 * a + x] = u < t ? v * p.scale * Ef(Sc(sm).gcd, t, u) : u == t ? v * p.scale : 0.f;
+                }
+            st_blk_rows(dp, (sm + FS::C) + 16384, (sm + FS::C) + 24576, Sc(sm).rq[r0], Sc(sm).rq[r1]);   /* dP~ rq (rows) for T */
+            cfwd::fence_async_smem();
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float k0 = Sc(sm).rk[8 * a + 2 * tq], k1 = Sc(sm).rk[8 * a + 2 * tq + 1];
+                dp[4 * a] *= k0; dp[4 * a + 1] *= k1; dp[4 * a + 2] *= k0; dp[4 * a + 3] *= k1;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ph[kk], pl[kk], dp, kk);
+        }
+        /* Xq = dO S0^T -> dQc = scale gam Xq and the gate's q . Xq; dQc += (dP~ rk) K,
+         * into B (fp32; dS's last reader was T's dKd in P2) */
+        {
+            float dqc[64];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss128<0, 0>(dqc, dk64((sm + FS::OR), kk), dk128((sm + FS::A), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float2 qd = rowdot(dqc, (sm + FS::QR), f);
+            const float f0 = p.scale * Sc(sm).gam[r0], f1 = p.scale * Sc(sm).gam[r1];
+            if (tq == 0) {
+                Sc(sm).dgq[r0] = r0 < c ? f0 * Sc(sm).rq[r0] * qd.x : 0.f;
+                Sc(sm).dgq[r1] = r1 < c ? f1 * Sc(sm).rq[r1] * qd.y : 0.f;
+            }
+            row_mul<64>(dqc, r0 < c ? f0 : 0.f, r1 < c ? f1 : 0.f);
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wgt_rs<128, true, 1>(dqc, ph[kk], dmn((sm + FS::KR), kk), 1);
+                wgt_rs<128, true, 1>(dqc, pl[kk], dmn((sm + FS::KR), kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            st_f32(dqc, (sm + FS::B), f);
+            FP(7);
+        }
+        block_bar<1>();   /* P3 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(4);
+        /* P4: tmp = dTm Tm^T into A (hi + lo); dA = -Tm^T tmp; KK = K K^T; the
+         * pairs; dKK + dKK^T (times rk) into A + 16 KB */
+        {
+            float tm[32];
+            uint32_t ah[4][4], al[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ah[kk], al[kk], dtm, kk);
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wgt_rs<64, true, 0>(tm, ah[kk], vdesc((sm + FS::TH) + kk * 32), kk);
+                wgt_rs<64, true, 0>(tm, al[kk], vdesc((sm + FS::TH) + kk * 32), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            st_blk(tm, (sm + FS::A), (sm + FS::A) + 8192);
+            cfwd::fence_async_smem();
+            FP(8);
+            bar_sync(1, 128);
+            FP(9);
+            float da[32], kk_[32];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wss64<1, 1>(da, vdesc((sm + FS::TH) + kk * 2048), vdesc((sm + FS::A) + kk * 2048), kk);
+                wss64<1, 1>(da, vdesc((sm + FS::TH) + kk * 2048), vdesc((sm + FS::A) + 8192 + kk * 2048), 1);
+            }
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss64<0, 0>(kk_, dk64((sm + FS::KR), kk), dk64((sm + FS::KR), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            float *Rg = reinterpret_cast<float *>((sm + FS::C));
+            char *Sb = (sm + FS::A) + 16384;
+            FP(10);
+            float db0 = 0.f, db1 = 0.f;
+#pragma unroll
+            for (int a = 0; a < 8; a++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int t = x < 2 ? r0 : r1, u = 8 * a + 2 * tq + (x & 1);
+                    const bool on = u < t && t < c;
+                    const float kk = kk_[4 * a + x] * (Sc(sm).rk[t] * Sc(sm).rk[u]);
+                    const float E = on ? -da[4 * a + x] * Ef(Sc(sm).gcd, t, u) : 0.f;
+                    if (x < 2) db0 = fmaf(E, kk, db0); else db1 = fmaf(E, kk, db1);
+                    if (on) Rg[t * CC + u] += E * Sc(sm).bet[t] * kk;
+                    const float dkk = Sc(sm).bet[t] * E;
+                    if (u < t) {
+                        const float lo_v = dkk * Sc(sm).rk[u], up_v = dkk * Sc(sm).rk[t];
+                        const __nv_bfloat16 lh = __float2bfloat16_rn(lo_v), uh = __float2bfloat16_rn(up_v);
+                        *reinterpret_cast<__nv_bfloat16 *>(Sb + swz(t, u)) = lh;
+                        *reinterpret_cast<__nv_bfloat16 *>(Sb + 8192 + swz(t, u)) = __float2bfloat16_rn(lo_v - __bfloat162float(lh));
+                        *reinterpret_cast<__nv_bfloat16 *>(Sb + swz(u, t)) = uh;
+                        *reinterpret_cast<__nv_bfloat16 *>(Sb + 8192 + swz(u, t)) = __float2bfloat16_rn(up_v - __bfloat162float(uh));
+                    } else if (u == t) {
+                        *reinterpret_cast<__nv_bfloat16 *>(Sb + swz(t, t)) = __float2bfloat16_rn(0.f);
+                        *reinterpret_cast<__nv_bfloat16 *>(Sb + 8192 + swz(t, t)) = __float2bfloat16_rn(0.f);
+                    }
+                }
+            db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
+            db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
+            db1 += __shfl_xor_sync(0xffffffffu, db1, 1);
+            db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
+            if (tq == 0) { Sc(sm).dba[r0] = db0; Sc(sm).dba[r1] = db1; }
+            cfwd::fence_async_smem();
+            FP(11);
+            bar_arrive(BAR_S, 256);
+        }
+        block_bar<1>();   /* P4 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(5);
+        chunk_end<1>(p, sm, w, ci);
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(6);
+    }
+    FP_PRINT("V", w.top - w.cb);
+}
+
+/* T: X, U, dKd, dBk, dKc */
+__device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w) {
+    Frag f;
+    int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
+    FP_DECL;
+    for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
+        chunk_start<2>(p, sm, w, ci);
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(0);
+        const int c = w.cnt(ci);
+        block_bar<2>();   /* S */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(1);
+        /* P1: X = beta v - xs K S0 -> C (hi + lo) */
+        float x[64];
+        {
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss128<0, 1>(x, dk64((sm + FS::KR), kk), dmn_s((sm + FS::A), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float b0 = Sc(sm).bet[r0], b1 = Sc(sm).bet[r1], x0 = Sc(sm).xs[r0], x1 = Sc(sm).xs[r1];
+#pragma unroll
+            for (int a = 0; a < 16; a++) {
+                const int col = 8 * (a & 7) + 2 * tq;
+                const char *vb = (sm + FS::VR) + (a >> 3) * 8192;
+                const uint32_t v0 = *reinterpret_cast<const uint32_t *>(vb + swz(r0, col)), v1 = *reinterpret_cast<const uint32_t *>(vb + swz(r1, col));
+                x[4 * a] = b0 * M::lo(v0) - x0 * x[4 * a];
+                x[4 * a + 1] = b0 * M::hi(v0) - x0 * x[4 * a + 1];
+                x[4 * a + 2] = b1 * M::lo(v1) - x1 * x[4 * a + 2];
+                x[4 * a + 3] = b1 * M::hi(v1) - x1 * x[4 * a + 3];
+            }
+            st_tile(x, (sm + FS::C), (sm + FS::C) + 16384);
+            cfwd::fence_async_smem();
+        }
+        block_bar<2>();   /* P1 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(2);
+        /* P2: U = Tm X -> C once V has read X; dKd = U dS^T: dKc = ek dKd, the
+         * gate's last-row pairs rk (k . dKd) */
+        float dkc[64];
+        {
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wss128<0, 1>(x, vdesc((sm + FS::TH) + kk * 32), dmn((sm + FS::C), kk), kk);
+                wss128<0, 1>(x, vdesc((sm + FS::TH) + kk * 32), dmn((sm + FS::C) + 16384, kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            bar_sync(BAR_X, 256);
+            st_tile(x, (sm + FS::C), (sm + FS::C) + 16384);
+            cfwd::fence_async_smem();
+            bar_sync(2, 128);   /* U stored by the whole warpgroup */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                wss128<0, 0>(dkc, dk64((sm + FS::C), kk), dk128((sm + FS::B), kk), kk);
+                wss128<0, 0>(dkc, dk64((sm + FS::C) + 16384, kk), dk128((sm + FS::B), kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float2 kd = rowdot(dkc, (sm + FS::KR), f);
+            if (tq == 0) { Sc(sm).rl[r0] = Sc(sm).rk[r0] * kd.x; Sc(sm).rl[r1] = Sc(sm).rk[r1] * kd.y; }
+            row_mul<64>(dkc, Sc(sm).ek[r0], Sc(sm).ek[r1]);
+        }
+        block_bar<2>();   /* P2 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(3);
+        /* P3: dBk = -dBv S0^T: dKc += beta gam dBk; k . dBk to dbeta and the gate */
+        {
+            float y[64];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                wss128<0, 0>(y, dk64((sm + FS::D), kk), dk128((sm + FS::A), kk), kk);
+                wss128<0, 0>(y, dk64((sm + FS::D) + 16384, kk), dk128((sm + FS::A), kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float2 kd = rowdot(y, (sm + FS::KR), f);   /* -(k . dBk) */
+            const float k0 = -Sc(sm).rk[r0] * kd.x, k1 = -Sc(sm).rk[r1] * kd.y;
+            if (tq == 0) {
+                Sc(sm).dbk[r0] = r0 < c ? Sc(sm).gam[r0] * k0 : 0.f;
+                Sc(sm).dbk[r1] = r1 < c ? Sc(sm).gam[r1] * k1 : 0.f;
+                Sc(sm).dgk[r0] = r0 < c ? Sc(sm).bet[r0] * Sc(sm).gam[r0] * k0 : 0.f;
+                Sc(sm).dgk[r1] = r1 < c ? Sc(sm).bet[r1] * Sc(sm).gam[r1] * k1 : 0.f;
+            }
+            const float e0 = -(Sc(sm).bet[r0] * Sc(sm).gam[r0]), e1 = -(Sc(sm).bet[r1] * Sc(sm).gam[r1]);
+#pragma unroll
+            for (int a = 0; a < 16; a++) {
+                dkc[4 * a] = fmaf(e0, y[4 * a], dkc[4 * a]);
+                dkc[4 * a + 1] = fmaf(e0, y[4 * a + 1], dkc[4 * a + 1]);
+                dkc[4 * a + 2] = fmaf(e1, y[4 * a + 2], dkc[4 * a + 2]);
+                dkc[4 * a + 3] = fmaf(e1, y[4 * a + 3], dkc[4 * a + 3]);
+            }
+        }
+        block_bar<2>();   /* P3 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(4);
+        /* P4: dKc += (dP~ rq)^T Q, then (dKK + dKK^T) K; into B (fp32) */
+        {
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wss128<1, 1>(dkc, vdesc((sm + FS::C) + 16384 + kk * 2048), dmn((sm + FS::QR), kk), 1);
+                wss128<1, 1>(dkc, vdesc((sm + FS::C) + 24576 + kk * 2048), dmn((sm + FS::QR), kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            bar_sync(BAR_S, 256);
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                wss128<0, 1>(dkc, vdesc((sm + FS::A) + 16384 + kk * 32), dmn((sm + FS::KR), kk), 1);
+                wss128<0, 1>(dkc, vdesc((sm + FS::A) + 24576 + kk * 32), dmn((sm + FS::KR), kk), 1);
+            }
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            st_f32(dkc, (sm + FS::A), f);
+        }
+        block_bar<2>();   /* P4 */
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(5);
+        chunk_end<2>(p, sm, w, ci);
+        sm = fresh(sm);
+        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        FP(6);
+    }
+    FP_PRINT("T", w.top - w.cb);
+}
+
+__global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p) {
+    extern __shared__ __align__(1024) char fsm_raw[];
+    char *sm = fsm_raw + ((1024 - (saddr(fsm_raw) & 1023)) & 1023);
+    Walk w;
+    w.j = (int)(blockIdx.x % p.HV);
+    w.h = w.j / p.G;
+    w.n = blockIdx.x / p.HV;
+    seq_range(p, w.n, &w.bos, &w.len);
+    w.sb = w.bos / CC + w.n;
+    sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+    /* 168 registers a thread in every role (dS alone is 128 of S's) */
+    if (wg == 0) {
+
+        role_s(p, sm, w);
+    } else if (wg == 1) {
+        role_v(p, sm, w);
+    } else {
+
+        role_t(p, sm, w);
+    }
+}
+
+}  // namespace
+
+bool Fused::takes(const BwdArgs &p) {
+    return p.dt == 1 && p.K == 128 && p.V == 128 && p.G <= 8 && al16(p.q) && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dq) &&
+           al16(p.dk) && al16(p.dv);
+}
+cudaError_t Fused::attr() {
+    static bool done = false;
+    if (done) return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FS::bytes);
+    if (e == cudaSuccess) done = true;
+    return e;
+}
+void Fused::launch(const BwdArgs &p, cudaStream_t st) {
+    const unsigned blocks = (unsigned)(p.N * p.HV);
+    if (blocks == 0) return;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(FT);
+    cfg.dynamicSmemBytes = (size_t)FS::bytes;
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)p.G;
+    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, fused_kernel, p);
+}
+
+}  // namespace cbwd
+}  // namespace gdn
