@@ -2,8 +2,9 @@
  * sequence, the -DGDN_BWD_PROFILE phase times) and the C entry points of
  * cuda_backend.h. The kernels are in chunk_bwd_prep.cu (slot_info, prep),
  * chunk_bwd_sweep.cu (fwd_sweep, bwd_sweep), chunk_bwd_local.cu (the
- * chunk-local stage) and chunk_bwd_grp.cu (the group stage, grp_qk, dparam);
- * what they share in chunk_bwd.cuh.
+ * chunk-local stage), chunk_bwd_fused.cu (the two as one pass) and
+ * chunk_bwd_grp.cu (the group stage, grp_qk, dparam); what they share in
+ * chunk_bwd.cuh.
  *
  * The CUDA chunked backward (gdn_chunk_bwd), version 4: the math and the
  * arithmetic choices of the CPU backward (src/cpu/chunk_bwd.c,
@@ -52,6 +53,11 @@
  *               kept (window_chunks), and where the forward states come
  *               from the chunk forward's kernels only one window's states
  *               and records too.
+ *   fused pass  bf16, K = V = 128, G <= 2 (chunk_bwd_fused.cu): the reverse
+ *               sweep and the local stage as one kernel, one block per
+ *               (sequence, value head) walking its chunks (a window's) in
+ *               reverse with dS in registers, every chunk-local gradient
+ *               formed on the way by three warpgroups; no dstates
  *   group stage K > 128: the same per item step by step over a per-item
  *               scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed

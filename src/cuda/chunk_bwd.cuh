@@ -373,11 +373,11 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
  * where the products feeding it are single tf32 ones, whose rounding is
  * thousands of times fp32's), then through the fused gate (dA_log, ddt_bias partials
  * into p.part, in double); the beta sigmoid chain; stores of dg and dbeta.
- * Every thread of the block calls it; row holds CC floats and pre CC x (CC
- * + 1) doubles of shared memory; gt the inputs GateTok fetched (committed
- * before the block's last barrier). */
-/* every thread of the block, or (gate_store_t) NT threads numbered t whose
- * barrier is sync() */
+ * Every thread of the block calls gate_store; gate_store_t is the same for
+ * NT threads numbered t (0 .. NT-1) whose barrier is sync() (the fused
+ * pass's two warpgroups). row holds CC floats and pre CC x (CC + 1) doubles
+ * of shared memory; gt the inputs GateTok fetched (committed before the
+ * callers' last barrier). */
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
@@ -509,7 +509,7 @@ struct GDN_CBWD_HIDDEN SweepT {
 };
 /* chunk_bwd_fused.cu: the reverse sweep and the chunk-local stage in one
  * pass, one block per (sequence, value head) in clusters of the G value heads
- * of a q/k head, where it takes the shape (bf16, K = V = 128, G <= 8,
+ * of a q/k head, where it takes the shape (bf16, K = V = 128, G <= 2,
  * 16-byte aligned rows); it reads the records and forward states as the local
  * stage does and keeps no state gradient but the carried one (dht -> dh0) */
 struct GDN_CBWD_HIDDEN Fused {

@@ -33,11 +33,14 @@
  * Shared memory (bytes from a 1024-aligned base): the chunk's rows
  * [KR | QR | VR | OR] (64 x 128 bf16, two 64-column blocks each, 128-byte
  * swizzle), TH and PH (Tm, P as bf16), and four 32 KB regions A-D whose
- * contents change over the chunk:
- *   A: S0 (bf16, k rows) | dQc (fp32) for the cluster's sums
- *   B: dS (bf16)         | tmp, dKK + dKK^T (hi + lo) | dKc (fp32)
+ * contents change over the chunk (phases F, S, P1-P4, end):
+ *   A: S0 (bf16, k rows) | tmp (hi + lo), then dKK (fp32) and
+ *      (dKK + dKK^T) rk (hi + lo) | dKc (fp32) for the cluster's sums
+ *      (and dht / dh0 on their way in and out, around the chunks)
+ *   B: dS (bf16) | dQc (fp32) for the cluster's sums
  *   C: S0 fp32 staging (with D) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
- *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums */
+ *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums
+ *   VR after P2: the S update's B operands, 16 tokens at a time */
 #include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
@@ -65,10 +68,9 @@ struct FS {               /* byte offsets */
 };
 static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an SM");
 
-/* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V -> T), 5 dKK + dKK^T
- * stored (V -> T), 6 the gate (V and T) */
+/* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V and T), 5 dKK + dKK^T
+ * stored (V and T), 6 the gate (V and T) */
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 /* the block's barrier, one copy a role (the role in the text: the roles' code
  * is never merged, so the registers one role keeps live are not the others') */
 template <int ROLE> __device__ __forceinline__ void block_bar() {
@@ -85,28 +87,24 @@ enum { BAR_X = 4, BAR_S = 5, BAR_G = 6 };
 /* the base pointer, opaque to the compiler: addresses and descriptors are
  * formed again after each barrier, not hoisted out of the chunk loop and
  * kept in registers across it */
-/* the thread's index read anew at each use (volatile): the addresses formed
- * from it are formed where they are used, not hoisted out of the chunk loop
- * and kept in registers (or spilled) across it */
+/* the thread's index read anew at each use (volatile): the shared-memory
+ * offsets formed from it are formed where they are used, not hoisted out of
+ * the chunk loop and kept in registers across it (spilled, they went to L2:
+ * the shared memory leaves the L1 ~30 KB; bench/NOTES.md v5) */
 __device__ __forceinline__ int tidx() {
     int t;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
     return t;
 }
-__device__ __forceinline__ char *fresh(char *p) {
-    //asm volatile("" : "+l"(p));
-    return p;
-}
 
 #ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk */
-#define FP_DECL long long fp_[12] = {0}, ft_ = clock64()
+#define FP_DECL long long fp_[7] = {0}, ft_ = clock64()
 #define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
         if ((threadIdx.x & 127) == 0 && blockIdx.x == 0 && (nch) > 0) {                                        \
-            printf("fused %s cycles/chunk: start %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end %lld | %lld %lld %lld %lld %lld\n", name, \
-                   fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[6] / (nch), \
-                   fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[10] / (nch), fp_[11] / (nch)); \
+            printf("fused %s cycles/chunk: start %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end %lld\n", name, \
+                   fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[6] / (nch)); \
         }                                                                                                     \
     } while (0)
 #else
@@ -410,7 +408,6 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<0>(p, sm, w, ci);
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(0);
         const int c = w.cnt(ci);
@@ -448,15 +445,12 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
         bar_sync(3, 128);
         if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
         block_bar<0>();   /* S */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(1);
         block_bar<0>();   /* P1 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(2);
         block_bar<0>();   /* P2 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(3);
         /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
@@ -511,15 +505,12 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
             }
         }
         block_bar<0>();   /* P3 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(4);
         block_bar<0>();   /* P4 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(5);
         chunk_end<0>(p, sm, w, ci);
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
         FP(6);
     }
@@ -552,13 +543,11 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<1>(p, sm, w, ci);
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(0);
         const int c = w.cnt(ci);
         const int64_t row0 = w.row0(ci);
         block_bar<1>();   /* S */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(1);
         /* P1: dU = diag(us) K dS + P^T dO -> D (hi + lo) */
@@ -579,7 +568,6 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::fence_async_smem();
         }
         block_bar<1>();   /* P1 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(2);
         /* P2: dTm = dU X^T (strictly lower); X is free after it. dBv = Tm^T dU:
@@ -595,7 +583,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            bar_arrive(BAR_X, 256);
+            bar_sync(BAR_X, 256);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -622,11 +610,11 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             }
             const float2 dd = rowdot(y, (sm + FS::VR), f);
             if (tq == 0) { Sc(sm).dbv[r0] = dd.x; Sc(sm).dbv[r1] = dd.y; }
+            bar_sync(1, 128);   /* every warp's reads of dU done */
             st_tile(y, (sm + FS::D), (sm + FS::D) + 16384);
             cfwd::fence_async_smem();
         }
         block_bar<1>();   /* P2 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(3);
         /* P3: dP = dO U^T: Rg (into C), dP~; dP~ rq (rows, hi + lo) into C + 16 KB;
@@ -642,17 +630,26 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+            bar_sync(1, 128);   /* every warp's reads of U done: C is written over */
+            /* branch free, every element's exp in flight together */
             float *Rg = reinterpret_cast<float *>((sm + FS::C));
+            const double g0 = Sc(sm).gcd[r0], g1 = Sc(sm).gcd[r1];
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    const int t = x < 2 ? r0 : r1, u = 8 * a + 2 * tq + (x & 1);
-                    const float v = dp[4 * a + x];
-                    const uint32_t pw = *reinterpret_cast<const uint32_t *>((sm + FS::PH) + swz(t, u & ~1));
-                    const float P = (u & 1) ? M::hi(pw) : M::lo(pw);
-                    Rg[t * CC + u] = u < t && t < c ? v * P : 0.f;
-                    dp[4 * a + x] = u < t ? v * p.scale * Ef(Sc(sm).gcd, t, u) : u == t ? v * p.scale : 0.f;
+                for (int e = 0; e < 2; e++) {
+                    const int u = 8 * a + 2 * tq + e;
+                    const double gu = Sc(sm).gcd[u];
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++) {
+                        const int t = hr ? r1 : r0, x = 4 * a + 2 * hr + e;
+                        const float v = dp[x];
+                        const uint32_t pw = *reinterpret_cast<const uint32_t *>((sm + FS::PH) + swz(t, u & ~1));
+                        const float P = e ? M::hi(pw) : M::lo(pw);
+                        Rg[t * CC + u] = u < t && t < c ? v * P : 0.f;
+                        const float E = __expf((float)((hr ? g1 : g0) - gu));
+                        dp[x] = u < t ? v * p.scale * E : u == t ? v * p.scale : 0.f;
+                    }
                 }
             st_blk_rows(dp, (sm + FS::C) + 16384, (sm + FS::C) + 24576, Sc(sm).rq[r0], Sc(sm).rq[r1]);   /* dP~ rq (rows) for T */
             cfwd::fence_async_smem();
@@ -689,10 +686,8 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
             st_f32(dqc, (sm + FS::B), f);
-            FP(7);
         }
         block_bar<1>();   /* P3 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(4);
         /* P4: tmp = dTm Tm^T into A (hi + lo); dA = -Tm^T tmp; KK = K K^T; the
@@ -712,9 +707,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::wg_wait<0>();
             st_blk(tm, (sm + FS::A), (sm + FS::A) + 8192);
             cfwd::fence_async_smem();
-            FP(8);
             bar_sync(1, 128);
-            FP(9);
             float da[32], kk_[32];
             cfwd::wg_fence();
 #pragma unroll
@@ -726,48 +719,56 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             for (int kk = 0; kk < 8; kk++) wss64<0, 0>(kk_, dk64((sm + FS::KR), kk), dk64((sm + FS::KR), kk), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            float *Rg = reinterpret_cast<float *>((sm + FS::C));
-            char *Sb = (sm + FS::A) + 16384;
-            FP(10);
-            float db0 = 0.f, db1 = 0.f;
+            /* the pairs, branch free: dbeta's sums, Rg, and dKK (lower) into A (tmp's
+             * place) as fp32; then S = (dKK + dKK^T) diag(rk) as hi + lo from it */
+            bar_sync(1, 128);   /* every warp's reads of tmp done: A is written over */
+            float *Rg = reinterpret_cast<float *>((sm + FS::C)), *L = reinterpret_cast<float *>((sm + FS::A));
+            {
+                const double g0 = Sc(sm).gcd[r0], g1 = Sc(sm).gcd[r1];
+                const float b0 = Sc(sm).bet[r0], b1 = Sc(sm).bet[r1], k0 = Sc(sm).rk[r0], k1 = Sc(sm).rk[r1];
+                float db0 = 0.f, db1 = 0.f;
 #pragma unroll
-            for (int a = 0; a < 8; a++)
+                for (int a = 0; a < 8; a++)
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    const int t = x < 2 ? r0 : r1, u = 8 * a + 2 * tq + (x & 1);
-                    const bool on = u < t && t < c;
-                    const float kk = kk_[4 * a + x] * (Sc(sm).rk[t] * Sc(sm).rk[u]);
-                    const float E = on ? -da[4 * a + x] * Ef(Sc(sm).gcd, t, u) : 0.f;
-                    if (x < 2) db0 = fmaf(E, kk, db0); else db1 = fmaf(E, kk, db1);
-                    if (on) Rg[t * CC + u] += E * Sc(sm).bet[t] * kk;
-                    const float dkk = Sc(sm).bet[t] * E;
-                    if (u < t) {
-                        const float lo_v = dkk * Sc(sm).rk[u], up_v = dkk * Sc(sm).rk[t];
-                        const __nv_bfloat16 lh = __float2bfloat16_rn(lo_v), uh = __float2bfloat16_rn(up_v);
-                        *reinterpret_cast<__nv_bfloat16 *>(Sb + swz(t, u)) = lh;
-                        *reinterpret_cast<__nv_bfloat16 *>(Sb + 8192 + swz(t, u)) = __float2bfloat16_rn(lo_v - __bfloat162float(lh));
-                        *reinterpret_cast<__nv_bfloat16 *>(Sb + swz(u, t)) = uh;
-                        *reinterpret_cast<__nv_bfloat16 *>(Sb + 8192 + swz(u, t)) = __float2bfloat16_rn(up_v - __bfloat162float(uh));
-                    } else if (u == t) {
-                        *reinterpret_cast<__nv_bfloat16 *>(Sb + swz(t, t)) = __float2bfloat16_rn(0.f);
-                        *reinterpret_cast<__nv_bfloat16 *>(Sb + 8192 + swz(t, t)) = __float2bfloat16_rn(0.f);
+                    for (int e = 0; e < 2; e++) {
+                        const int u = 8 * a + 2 * tq + e;
+                        const double gu = Sc(sm).gcd[u];
+                        const float ru = Sc(sm).rk[u];
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const int t = hr ? r1 : r0, x = 4 * a + 2 * hr + e;
+                            const float E = u < t && t < c ? -da[x] * __expf((float)((hr ? g1 : g0) - gu)) : 0.f;
+                            const float kk = kk_[x] * ((hr ? k1 : k0) * ru);
+                            if (hr) db1 = fmaf(E, kk, db1); else db0 = fmaf(E, kk, db0);
+                            Rg[t * CC + u] += E * (hr ? b1 : b0) * kk;
+                            L[t * CC + u] = (hr ? b1 : b0) * E;
+                        }
                     }
-                }
-            db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
-            db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
-            db1 += __shfl_xor_sync(0xffffffffu, db1, 1);
-            db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
-            if (tq == 0) { Sc(sm).dba[r0] = db0; Sc(sm).dba[r1] = db1; }
+                db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
+                db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
+                db1 += __shfl_xor_sync(0xffffffffu, db1, 1);
+                db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
+                if (tq == 0) { Sc(sm).dba[r0] = db0; Sc(sm).dba[r1] = db1; }
+            }
+            bar_sync(1, 128);   /* dKK whole */
+            {
+                float x[32];   /* (dKK + dKK^T)_tu rk_u: dKc_t += sum_u x_tu k_u (raw) */
+#pragma unroll
+                for (int a = 0; a < 8; a++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const int t = q < 2 ? r0 : r1, u = 8 * a + 2 * tq + (q & 1);
+                        x[4 * a + q] = (L[t * CC + u] + L[u * CC + t]) * Sc(sm).rk[u];
+                    }
+                st_blk(x, (sm + FS::A) + 16384, (sm + FS::A) + 24576);
+            }
             cfwd::fence_async_smem();
-            FP(11);
-            bar_arrive(BAR_S, 256);
+            bar_sync(BAR_S, 256);
         }
         block_bar<1>();   /* P4 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(5);
         chunk_end<1>(p, sm, w, ci);
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(6);
     }
@@ -781,12 +782,10 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<2>(p, sm, w, ci);
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(0);
         const int c = w.cnt(ci);
         block_bar<2>();   /* S */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(1);
         /* P1: X = beta v - xs K S0 -> C (hi + lo) */
@@ -812,7 +811,6 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             cfwd::fence_async_smem();
         }
         block_bar<2>();   /* P1 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(2);
         /* P2: U = Tm X -> C once V has read X; dKd = U dS^T: dKc = ek dKd, the
@@ -844,7 +842,6 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             row_mul<64>(dkc, Sc(sm).ek[r0], Sc(sm).ek[r1]);
         }
         block_bar<2>();   /* P2 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(3);
         /* P3: dBk = -dBv S0^T: dKc += beta gam dBk; k . dBk to dbeta and the gate */
@@ -876,7 +873,6 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             }
         }
         block_bar<2>();   /* P3 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(4);
         /* P4: dKc += (dP~ rq)^T Q, then (dKK + dKK^T) K; into B (fp32) */
@@ -898,14 +894,13 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+            bar_sync(2, 128);   /* every warp's reads of dKK + dKK^T done */
             st_f32(dkc, (sm + FS::A), f);
         }
         block_bar<2>();   /* P4 */
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(5);
         chunk_end<2>(p, sm, w, ci);
-        sm = fresh(sm);
         f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
         FP(6);
     }
@@ -937,8 +932,11 @@ __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p) {
 
 }  // namespace
 
+/* G <= 2: measured faster than the two passes at G = 2 (qwen3next, varlen,
+ * tp8_4k), slower at G = 4 (long1: four blocks of a cluster in step every
+ * chunk; bench/NOTES.md v5) */
 bool Fused::takes(const BwdArgs &p) {
-    return p.dt == 1 && p.K == 128 && p.V == 128 && p.G <= 8 && al16(p.q) && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dq) &&
+    return p.dt == 1 && p.K == 128 && p.V == 128 && p.G <= 2 && al16(p.q) && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dq) &&
            al16(p.dk) && al16(p.dv);
 }
 cudaError_t Fused::attr() {
