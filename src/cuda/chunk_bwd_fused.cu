@@ -118,43 +118,8 @@ template <int TA, int TB> __device__ __forceinline__ void wss128(float *d, uint6
 }
 
 /* a warpgroup's m64 accumulator block (32 values: 64 rows, 64 columns) to a
- * 64-column block of 128-byte swizzled rows as bf16 (hi; lo the residual) */
-__device__ __forceinline__ void st_blk(const float *x, char *hi, char *lo) {
-    const int tx = tidx(), lane = tx & 31, wl = (tx >> 5) & 3, m = lane >> 3;
-    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
-#pragma unroll
-    for (int a = 0; a < 8; a += 2) {
-        const int at = swz(row, 8 * (a + (m >> 1)));
-        uint32_t h[4], l[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
-            h[q] = M::pack(x[b], x[b + 1]);
-            l[q] = M::pack(x[b] - M::lo(h[q]), x[b + 1] - M::hi(h[q]));
-        }
-        stsm4(hi + at, h[0], h[1], h[2], h[3]);
-        if (lo) stsm4(lo + at, l[0], l[1], l[2], l[3]);
-    }
-}
-/* the same times row scales f0 (rows r0 = 16 wl + g) and f1 (r0 + 8) */
-__device__ __forceinline__ void st_blk_rows(const float *x, char *hi, char *lo, float f0, float f1) {
-    const int tx = tidx(), lane = tx & 31, wl = (tx >> 5) & 3, m = lane >> 3;
-    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
-#pragma unroll
-    for (int a = 0; a < 8; a += 2) {
-        const int at = swz(row, 8 * (a + (m >> 1)));
-        uint32_t h[4], l[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
-            const float f = (q & 1) ? f1 : f0, v0 = x[b] * f, v1 = x[b + 1] * f;
-            h[q] = M::pack(v0, v1);
-            l[q] = M::pack(v0 - M::lo(h[q]), v1 - M::hi(h[q]));
-        }
-        stsm4(hi + at, h[0], h[1], h[2], h[3]);
-        stsm4(lo + at, l[0], l[1], l[2], l[3]);
-    }
-}
+ * 64-column block of 128-byte swizzled rows as bf16 hi + lo */
+__device__ __forceinline__ void st_blk(const float *x, char *hi, char *lo) { cfwd::acc_swz_hilo<M>(x, hi, lo, tidx()); }
 /* an m64n128 accumulator (64 values) to a 64-row tile [cols 0-63 | 64-127] as hi + lo */
 __device__ __forceinline__ void st_tile(const float *x, char *hi, char *lo) {
     st_blk(x, hi, lo);
@@ -385,10 +350,19 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
     }
 }
 
+/* a role's block barrier, then its rows formed again (tidx) and the profile probe k */
+#define PHASE_BAR(R, k) \
+    do {                \
+        block_bar<R>(); \
+        rows();         \
+        FP(k);          \
+    } while (0)
+
 /* S: the state gradient */
 __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w) {
     Frag f;
     int lane = tidx() & 31, wl = (tidx() >> 5) & 3, tq = f.tq;
+    const auto rows = [&] { f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3; };   /* after each barrier (tidx) */
     /* dS[mt][4 a + 2 hr + e] = dS[k = 64 mt + r0 + 8 hr][v = 8 a + 2 tq + e], from
      * dht through A and B */
     float d[2][64];
@@ -408,7 +382,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<0>(p, sm, w, ci);
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        rows();
         FP(0);
         const int c = w.cnt(ci);
         /* S0 (bf16) into A, dS (bf16) into B; S0 . dS: four 8 x 8 matrices a store
@@ -444,15 +418,9 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
         cfwd::fence_async_smem();
         bar_sync(3, 128);
         if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
-        block_bar<0>();   /* S */
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
-        FP(1);
-        block_bar<0>();   /* P1 */
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
-        FP(2);
-        block_bar<0>();   /* P2 */
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
-        FP(3);
+        PHASE_BAR(0, 1);   /* S */
+        PHASE_BAR(0, 2);   /* P1 */
+        PHASE_BAR(0, 3);   /* P2 */
         /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
          * the A operands, the scaled dO and dBv (D) as hi + lo B operands built
          * 16 tokens at a time in VR (free since P2) */
@@ -504,14 +472,10 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
                 bar_sync(3, 128);   /* the slab read before the next is built */
             }
         }
-        block_bar<0>();   /* P3 */
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
-        FP(4);
-        block_bar<0>();   /* P4 */
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
-        FP(5);
+        PHASE_BAR(0, 4);   /* P3 */
+        PHASE_BAR(0, 5);   /* P4 */
         chunk_end<0>(p, sm, w, ci);
-        f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3;
+        rows();
         FP(6);
     }
     FP_PRINT("S", w.top - w.cb);
@@ -540,16 +504,15 @@ __device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_s
 __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
+    const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<1>(p, sm, w, ci);
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        rows();
         FP(0);
         const int c = w.cnt(ci);
         const int64_t row0 = w.row0(ci);
-        block_bar<1>();   /* S */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(1);
+        PHASE_BAR(1, 1);   /* S */
         /* P1: dU = diag(us) K dS + P^T dO -> D (hi + lo) */
         {
             float z[64];
@@ -567,9 +530,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             st_tile(z, (sm + FS::D), (sm + FS::D) + 16384);
             cfwd::fence_async_smem();
         }
-        block_bar<1>();   /* P1 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(2);
+        PHASE_BAR(1, 2);   /* P1 */
         /* P2: dTm = dU X^T (strictly lower); X is free after it. dBv = Tm^T dU:
          * dv, dBv . v, dBv into D (hi + lo) */
         float dtm[32];
@@ -614,9 +575,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             st_tile(y, (sm + FS::D), (sm + FS::D) + 16384);
             cfwd::fence_async_smem();
         }
-        block_bar<1>();   /* P2 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(3);
+        PHASE_BAR(1, 3);   /* P2 */
         /* P3: dP = dO U^T: Rg (into C), dP~; dP~ rq (rows, hi + lo) into C + 16 KB;
          * dP~ rk (columns) kept as hi + lo A fragments for dQc */
         uint32_t ph[4][4], pl[4][4];
@@ -651,7 +610,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
                         dp[x] = u < t ? v * p.scale * E : u == t ? v * p.scale : 0.f;
                     }
                 }
-            st_blk_rows(dp, (sm + FS::C) + 16384, (sm + FS::C) + 24576, Sc(sm).rq[r0], Sc(sm).rq[r1]);   /* dP~ rq (rows) for T */
+            cfwd::acc_swz_hilo<M>(dp, (sm + FS::C) + 16384, (sm + FS::C) + 24576, tidx(), Sc(sm).rq[r0], Sc(sm).rq[r1]);   /* dP~ rq (rows) for T */
             cfwd::fence_async_smem();
 #pragma unroll
             for (int a = 0; a < 8; a++) {
@@ -687,9 +646,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::wg_wait<0>();
             st_f32(dqc, (sm + FS::B), f);
         }
-        block_bar<1>();   /* P3 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(4);
+        PHASE_BAR(1, 4);   /* P3 */
         /* P4: tmp = dTm Tm^T into A (hi + lo); dA = -Tm^T tmp; KK = K K^T; the
          * pairs; dKK + dKK^T (times rk) into A + 16 KB */
         {
@@ -765,11 +722,9 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::fence_async_smem();
             bar_sync(BAR_S, 256);
         }
-        block_bar<1>();   /* P4 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(5);
+        PHASE_BAR(1, 5);   /* P4 */
         chunk_end<1>(p, sm, w, ci);
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        rows();
         FP(6);
     }
     FP_PRINT("V", w.top - w.cb);
@@ -779,15 +734,14 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
 __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
+    const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<2>(p, sm, w, ci);
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        rows();
         FP(0);
         const int c = w.cnt(ci);
-        block_bar<2>();   /* S */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(1);
+        PHASE_BAR(2, 1);   /* S */
         /* P1: X = beta v - xs K S0 -> C (hi + lo) */
         float x[64];
         {
@@ -810,9 +764,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             st_tile(x, (sm + FS::C), (sm + FS::C) + 16384);
             cfwd::fence_async_smem();
         }
-        block_bar<2>();   /* P1 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(2);
+        PHASE_BAR(2, 2);   /* P1 */
         /* P2: U = Tm X -> C once V has read X; dKd = U dS^T: dKc = ek dKd, the
          * gate's last-row pairs rk (k . dKd) */
         float dkc[64];
@@ -841,9 +793,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             if (tq == 0) { Sc(sm).rl[r0] = Sc(sm).rk[r0] * kd.x; Sc(sm).rl[r1] = Sc(sm).rk[r1] * kd.y; }
             row_mul<64>(dkc, Sc(sm).ek[r0], Sc(sm).ek[r1]);
         }
-        block_bar<2>();   /* P2 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(3);
+        PHASE_BAR(2, 3);   /* P2 */
         /* P3: dBk = -dBv S0^T: dKc += beta gam dBk; k . dBk to dbeta and the gate */
         {
             float y[64];
@@ -872,9 +822,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
                 dkc[4 * a + 3] = fmaf(e1, y[4 * a + 3], dkc[4 * a + 3]);
             }
         }
-        block_bar<2>();   /* P3 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(4);
+        PHASE_BAR(2, 4);   /* P3 */
         /* P4: dKc += (dP~ rq)^T Q, then (dKK + dKK^T) K; into B (fp32) */
         {
             cfwd::wg_fence();
@@ -897,15 +845,14 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             bar_sync(2, 128);   /* every warp's reads of dKK + dKK^T done */
             st_f32(dkc, (sm + FS::A), f);
         }
-        block_bar<2>();   /* P4 */
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
-        FP(5);
+        PHASE_BAR(2, 5);   /* P4 */
         chunk_end<2>(p, sm, w, ci);
-        f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8;
+        rows();
         FP(6);
     }
     FP_PRINT("T", w.top - w.cb);
 }
+#undef PHASE_BAR
 
 __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p) {
     extern __shared__ __align__(1024) char fsm_raw[];

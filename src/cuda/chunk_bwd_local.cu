@@ -335,23 +335,7 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int bytes = sc + 3 * CC * 4;
 };
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
-__device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
-    const int lane = threadIdx.x & 31, wl = (threadIdx.x >> 5) & 3, m = lane >> 3;
-    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
-#pragma unroll
-    for (int a = 0; a < 8; a += 2) {
-        const int at = swz(row, 8 * (a + (m >> 1)));
-        uint32_t h[4], l[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
-            h[q] = WM::pack(x[b], x[b + 1]);
-            l[q] = WM::pack(x[b] - WM::lo(h[q]), x[b + 1] - WM::hi(h[q]));
-        }
-        stsm4(hi + at, h[0], h[1], h[2], h[3]);
-        stsm4(lo + at, l[0], l[1], l[2], l[3]);
-    }
-}
+__device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) { cfwd::acc_swz_hilo<WM>(x, hi, lo, (int)threadIdx.x); }
 /* x = K B for a panel B (128 rows of k, 64 columns) at bh (its bf16 hi
  * half; MN-major), K raw: eight k16 steps */
 __device__ __forceinline__ void k_times(float *x, const char *vb, int bh) {

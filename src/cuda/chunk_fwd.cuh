@@ -212,6 +212,31 @@ template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4],
  * bf16 / f16 rows in the 128-byte swizzle (1024-byte aligned); its descriptor */
 __device__ __forceinline__ int swz(int r, int e) { return r * 128 + ((((e >> 3) ^ r) & 7) << 4) + (e & 7) * 2; }
 __device__ __forceinline__ uint64_t vdesc(const char *p) { return desc_sw128(p, 16); }
+/* a warpgroup's m64n64 fp32 accumulator (32 values a thread; tx the thread's
+ * index in the block), times row scales f0 (the thread's rows 16 w + g) and
+ * f1 (16 w + g + 8), to a 64-column block of 128-byte rows in the 128-byte
+ * swizzle (1024-byte aligned) as hi bf16 halves, and the rounding residuals
+ * at lo (~16 bits of the value kept: the hi + lo operands of the wgmma
+ * kernels); four 8 x 8 matrices a stmatrix */
+template <typename M>
+__device__ __forceinline__ void acc_swz_hilo(const float *x, char *hi, char *lo, int tx, float f0 = 1.f, float f1 = 1.f) {
+    const int lane = tx & 31, wl = (tx >> 5) & 3, m = lane >> 3;
+    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+    for (int a = 0; a < 8; a += 2) {
+        const int at = swz(row, 8 * (a + (m >> 1)));
+        uint32_t h[4], l[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int b = 4 * (a + (q >> 1)) + 2 * (q & 1);
+            const float f = (q & 1) ? f1 : f0, v0 = x[b] * f, v1 = x[b + 1] * f;
+            h[q] = M::pack(v0, v1);
+            l[q] = M::pack(v0 - M::lo(h[q]), v1 - M::hi(h[q]));
+        }
+        stsm4(hi + at, h[0], h[1], h[2], h[3]);
+        stsm4(lo + at, l[0], l[1], l[2], l[3]);
+    }
+}
 /* wgmma with A and B from shared memory; TA, TB: operand MN-major (transposed) */
 template <int TA, int TB> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
     asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
