@@ -298,7 +298,6 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, char *sm, const Wa
 template <int ROLE>
 __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
     const Sc s(sm);
-    namespace cg = cooperative_groups;
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
     cluster_bar<ROLE>();   /* every block's dQc, dKc in its A, B */
