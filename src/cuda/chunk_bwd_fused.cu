@@ -56,6 +56,7 @@ using cfwd::stsm4;
 using cfwd::swz;
 using cfwd::vdesc;
 using cfwd::wgt_rs;
+using cfwd::wss128;
 using cfwd::wss64;
 
 constexpr int FT = 384;   /* threads: three warpgroups */
@@ -70,7 +71,6 @@ static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an S
 
 /* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V and T), 5 dKK + dKK^T
  * stored (V and T), 6 the gate (V and T) */
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 /* the block's barrier, one copy a role (the role in the text: the roles' code
  * is never merged, so the registers one role keeps live are not the others') */
 template <int ROLE> __device__ __forceinline__ void block_bar() {
@@ -113,9 +113,6 @@ __device__ __forceinline__ int tidx() {
 #define FP_PRINT(name, nch) do { } while (0)
 #endif
 
-template <int TA, int TB> __device__ __forceinline__ void wss128(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile(WGX_OP(128, "bf16", WG_R64, "%64, %65", "%66", "%67, %68") : WG_D64 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
 
 /* a warpgroup's m64 accumulator block (32 values: 64 rows, 64 columns) to a
  * 64-column block of 128-byte swizzled rows as bf16 hi + lo */
@@ -158,8 +155,9 @@ template <int NV> __device__ __forceinline__ void row_mul(float *x, float s0, fl
 #pragma unroll
     for (int a = 0; a < NV / 4; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
 }
-/* an m64n128 fp32 accumulator to / from a 64 x 128 fp32 array (512-byte
- * rows, 16-byte pieces swizzled by the row) */
+/* byte offset of (row, col) in an fp32 array of 128 columns (512-byte rows,
+ * 16-byte pieces swizzled by the row: conflict-free for a quad's float2 and
+ * a warp's float4 along a row); st_f32 stores an m64n128 accumulator there */
 __device__ __forceinline__ int f32_at(int row, int col) { return row * 512 + ((((col >> 2) ^ row) & 7) | ((col >> 2) & ~7)) * 16 + (col & 3) * 4; }
 __device__ __forceinline__ void st_f32(const float *x, char *dst, const Frag &f) {
 #pragma unroll
@@ -186,10 +184,9 @@ struct Sc {
 
 /* the chunk's inputs: the rows of k, q (head h), v, dO (value head j) by
  * cp.async into their tiles (rows past c zero), the forward state S0 (fp32,
- * k-first) into C and D (16-byte pieces swizzled by the row: f32_at over
- * 128 columns), Tm and P (the record's fp32) as bf16 by the V and T
+ * k-first) into C and D (f32_at: 128 rows of 512 bytes, 16-byte pieces
+ * swizzled by the row), Tm and P (the record's fp32) as bf16 by the V and T
  * warpgroups; one commit group */
-__device__ __forceinline__ int s0_at(int k, int v) { return k * 512 + ((((v >> 2) ^ k) & 7) | ((v >> 2) & ~7)) * 16 + (v & 3) * 4; }
 __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, int c, int h, int j, const float *S0, const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
 #pragma unroll 1
@@ -204,7 +201,7 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
 #pragma unroll 4
     for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
         const int k = e >> 5, q = e & 31;
-        gdn::cp16(sm + FS::C + s0_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
+        gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
     }
     gdn::cp_commit();
     {   /* Tm, P: 2048 float4, 8 a thread */
@@ -311,7 +308,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
             s.dbv[t] = t < c ? s.dbv[t] + s.dbk[t] + s.dba[t] : 0.f;
             if (t < c - 1) Rg[(c - 1) * CC + t] += s.ek[t] * s.rl[t];
         }
-        const auto sync = [] { bar_sync(BAR_G, 256); };
+        const auto sync = [] { gdn::bar_named(BAR_G, 256); };
         sync();
         gate_store_t<float>(p, slot, w.j, row0, c, s.gt, Rg, CC, s.dgq, s.dbv, s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), t,
                             sync);
@@ -320,7 +317,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
 }
 
 /* the state gradient (n, j) between dht / dh0 (either layout) and a staging
- * area in A and B (s0_at; free before the first chunk's S step and after the
+ * area in A and B (f32_at; free before the first chunk's S step and after the
  * last chunk), by the S warpgroup: in (dht, zero without it) or out (dh0) */
 __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const Walk &w, bool in) {
     const int t = tidx();   /* < 128 */
@@ -329,7 +326,7 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
 #pragma unroll 4
     for (int e = t; e < 128 * 32; e += 128) {
         const int k = e >> 5, q = e & 31;
-        float4 *sp = reinterpret_cast<float4 *>(sm + FS::A + s0_at(k, 4 * q));
+        float4 *sp = reinterpret_cast<float4 *>(sm + FS::A + f32_at(k, 4 * q));
         if (in) {
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (p.dht && !vf) v = *reinterpret_cast<const float4 *>(p.dht + base + (int64_t)k * 128 + 4 * q);
@@ -366,18 +363,18 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
      * dht through A and B */
     float d[2][64];
     stage_dstate(p, sm, w, true);
-    bar_sync(3, 128);
+    gdn::bar_named(3, 128);
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int a = 0; a < 16; a++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const float2 v = *reinterpret_cast<const float2 *>(sm + FS::A + s0_at(64 * mt + f.r0 + 8 * hr, 8 * a + 2 * tq));
+                const float2 v = *reinterpret_cast<const float2 *>(sm + FS::A + f32_at(64 * mt + f.r0 + 8 * hr, 8 * a + 2 * tq));
                 d[mt][4 * a + 2 * hr] = v.x;
                 d[mt][4 * a + 2 * hr + 1] = v.y;
             }
-    bar_sync(3, 128);
+    gdn::bar_named(3, 128);
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<0>(p, sm, w, ci);
@@ -401,7 +398,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
                         for (int q = 0; q < 4; q++) {
                             const int aa = a + (q >> 1), hr = q & 1, b = 4 * aa + 2 * hr;
                             const float2 s0 = *reinterpret_cast<const float2 *>(
-                                sm + FS::C + s0_at(64 * mt + f.r0 + 8 * hr, 64 * hb + 8 * aa + 2 * tq));
+                                sm + FS::C + f32_at(64 * mt + f.r0 + 8 * hr, 64 * hb + 8 * aa + 2 * tq));
                             tot = fmaf(s0.x, x[b], fmaf(s0.y, x[b + 1], tot));
                             hs[q] = M::pack(s0.x, s0.y);
                             hd[q] = M::pack(x[b], x[b + 1]);
@@ -415,7 +412,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
         tot = gdn::warp_sum(tot);
         if (lane == 0) Sc(sm).red[wl] = tot;
         cfwd::fence_async_smem();
-        bar_sync(3, 128);
+        gdn::bar_named(3, 128);
         if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
         PHASE_BAR(0, 1);   /* S */
         PHASE_BAR(0, 2);   /* P1 */
@@ -456,7 +453,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
                     *reinterpret_cast<uint4 *>(slab + 12288 + dst) = make_uint4(bl[0], bl[1], bl[2], bl[3]);
                 }
                 cfwd::fence_async_smem();
-                bar_sync(3, 128);
+                gdn::bar_named(3, 128);
                 cfwd::wg_fence();
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
@@ -468,7 +465,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
                 }
                 cfwd::wg_commit();
                 cfwd::wg_wait<0>();
-                bar_sync(3, 128);   /* the slab read before the next is built */
+                gdn::bar_named(3, 128);   /* the slab read before the next is built */
             }
         }
         PHASE_BAR(0, 4);   /* P3 */
@@ -485,9 +482,9 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
             for (int a = 0; a < 16; a++)
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++)
-                    *reinterpret_cast<float2 *>(sm + FS::A + s0_at(64 * mt + f.r0 + 8 * hr, 8 * a + 2 * tq)) =
+                    *reinterpret_cast<float2 *>(sm + FS::A + f32_at(64 * mt + f.r0 + 8 * hr, 8 * a + 2 * tq)) =
                         make_float2(d[mt][4 * a + 2 * hr], d[mt][4 * a + 2 * hr + 1]);
-        bar_sync(3, 128);
+        gdn::bar_named(3, 128);
         stage_dstate(p, sm, w, false);
     }
 }
@@ -543,7 +540,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            bar_sync(BAR_X, 256);
+            gdn::bar_named(BAR_X, 256);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -570,7 +567,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             }
             const float2 dd = rowdot(y, (sm + FS::VR), f);
             if (tq == 0) { Sc(sm).dbv[r0] = dd.x; Sc(sm).dbv[r1] = dd.y; }
-            bar_sync(1, 128);   /* every warp's reads of dU done */
+            gdn::bar_named(1, 128);   /* every warp's reads of dU done */
             st_tile(y, (sm + FS::D), (sm + FS::D) + 16384);
             cfwd::fence_async_smem();
         }
@@ -588,7 +585,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            bar_sync(1, 128);   /* every warp's reads of U done: C is written over */
+            gdn::bar_named(1, 128);   /* every warp's reads of U done: C is written over */
             /* branch free, every element's exp in flight together */
             float *Rg = reinterpret_cast<float *>((sm + FS::C));
             const double g0 = Sc(sm).gcd[r0], g1 = Sc(sm).gcd[r1];
@@ -663,7 +660,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::wg_wait<0>();
             st_blk(tm, (sm + FS::A), (sm + FS::A) + 8192);
             cfwd::fence_async_smem();
-            bar_sync(1, 128);
+            gdn::bar_named(1, 128);
             float da[32], kk_[32];
             cfwd::wg_fence();
 #pragma unroll
@@ -677,7 +674,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             cfwd::wg_wait<0>();
             /* the pairs, branch free: dbeta's sums, Rg, and dKK (lower) into A (tmp's
              * place) as fp32; then S = (dKK + dKK^T) diag(rk) as hi + lo from it */
-            bar_sync(1, 128);   /* every warp's reads of tmp done: A is written over */
+            gdn::bar_named(1, 128);   /* every warp's reads of tmp done: A is written over */
             float *Rg = reinterpret_cast<float *>((sm + FS::C)), *L = reinterpret_cast<float *>((sm + FS::A));
             {
                 const double g0 = Sc(sm).gcd[r0], g1 = Sc(sm).gcd[r1];
@@ -706,7 +703,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
                 db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
                 if (tq == 0) { Sc(sm).dba[r0] = db0; Sc(sm).dba[r1] = db1; }
             }
-            bar_sync(1, 128);   /* dKK whole */
+            gdn::bar_named(1, 128);   /* dKK whole */
             {
                 float x[32];   /* (dKK + dKK^T)_tu rk_u: dKc_t += sum_u x_tu k_u (raw) */
 #pragma unroll
@@ -719,7 +716,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
                 st_blk(x, (sm + FS::A) + 16384, (sm + FS::A) + 24576);
             }
             cfwd::fence_async_smem();
-            bar_sync(BAR_S, 256);
+            gdn::bar_named(BAR_S, 256);
         }
         PHASE_BAR(1, 5);   /* P4 */
         chunk_end<1>(p, sm, w, ci);
@@ -776,10 +773,10 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            bar_sync(BAR_X, 256);
+            gdn::bar_named(BAR_X, 256);
             st_tile(x, (sm + FS::C), (sm + FS::C) + 16384);
             cfwd::fence_async_smem();
-            bar_sync(2, 128);   /* U stored by the whole warpgroup */
+            gdn::bar_named(2, 128);   /* U stored by the whole warpgroup */
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
@@ -832,7 +829,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            bar_sync(BAR_S, 256);
+            gdn::bar_named(BAR_S, 256);
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
@@ -841,7 +838,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            bar_sync(2, 128);   /* every warp's reads of dKK + dKK^T done */
+            gdn::bar_named(2, 128);   /* every warp's reads of dKK + dKK^T done */
             st_f32(dkc, (sm + FS::A), f);
         }
         PHASE_BAR(2, 5);   /* P4 */

@@ -241,6 +241,9 @@ __device__ __forceinline__ void acc_swz_hilo(const float *x, char *hi, char *lo,
 template <int TA, int TB> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
     asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
+template <int TA, int TB> __device__ __forceinline__ void wss128(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile(WGX_OP(128, "bf16", WG_R64, "%64, %65", "%66", "%67, %68") : WG_D64 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
 template <int TA, int TB> __device__ __forceinline__ void wss32(float *d, uint64_t da, uint64_t db, int acc) {
     asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }

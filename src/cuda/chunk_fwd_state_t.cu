@@ -40,7 +40,6 @@ __device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
                  "r"(r3) : "memory");
 }
-__device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 /* The two warpgroups take turns at the tensor cores: each issues a batch of
  * products only after the other has issued its previous one (named barriers 5
  * and 6), so one's epilogue runs while the other's products do. */
@@ -171,7 +170,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                     *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
                 }
                 fence_async_smem();
-                bar_named(1, TT);
+                gdn::bar_named(1, TT);
             }
 
             /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                     stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, cg * 32 + 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]),
                           M::pack(pv[a][2], pv[a][3]), M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
                 fence_async_smem();
-                bar_named(2 + cg, 128);
+                gdn::bar_named(2 + cg, 128);
                 if ((tid & 127) == 0) mb_arrive(pfull + sl);
                 TPROF(2);
             }
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             for (int a = 0; a < 8; a += 2)
                 stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
                        M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
-            bar_named(2 + cg, 128);
+            gdn::bar_named(2 + cg, 128);
             TPROF(7);
             for (int x = tid & 127; x < (p.pass == 1 || ST ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
                 const int r = x >> 3, c8 = (x & 7) * 8;
@@ -310,7 +309,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             }
             wg_wait<0>();
             TPROF(8);
-            bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
+            gdn::bar_named(2 + cg, 128);   /* this warpgroup is done with the stage, its P and its O rows */
             if ((tid & 127) == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
             TPROF(9);
         }
