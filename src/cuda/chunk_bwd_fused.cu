@@ -83,6 +83,26 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar() {
     else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.release.aligned; // V\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     else asm volatile("barrier.cluster.arrive.release.aligned; // T\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+/* the last barrier of a chunk only orders reads before the next chunk's
+ * writes (the values read were used before the arrive): no release, so no
+ * wait for the chunk's global stores */
+template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
+#ifdef PROBE_RELEASE_CL2
+    cluster_bar<ROLE>();
+#else
+    if constexpr (ROLE == 0) asm volatile("barrier.cluster.arrive.relaxed.aligned; // S\nbarrier.cluster.wait.aligned;" ::: "memory");
+    else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.relaxed.aligned; // V\nbarrier.cluster.wait.aligned;" ::: "memory");
+    else asm volatile("barrier.cluster.arrive.relaxed.aligned; // T\nbarrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+template <int ROLE> __device__ __forceinline__ void cluster_arrive() {
+    if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.release.aligned; // V" ::: "memory");
+    else asm volatile("barrier.cluster.arrive.release.aligned; // T" ::: "memory");
+}
+template <int ROLE> __device__ __forceinline__ void cluster_wait() {
+    if constexpr (ROLE == 1) asm volatile("barrier.cluster.wait.acquire.aligned; // V" ::: "memory");
+    else asm volatile("barrier.cluster.wait.acquire.aligned; // T" ::: "memory");
+}
 enum { BAR_X = 4, BAR_S = 5, BAR_G = 6 };
 /* the base pointer, opaque to the compiler: addresses and descriptors are
  * formed again after each barrier, not hoisted out of the chunk loop and
@@ -97,14 +117,16 @@ __device__ __forceinline__ int tidx() {
     return t;
 }
 
-#ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk */
-#define FP_DECL long long fp_[7] = {0}, ft_ = clock64()
-#define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; } } while (0)
+#ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk; and one chunk's times from the kernel's start */
+#define FP_DECL long long fp_[10] = {0}, fa_[10] = {0}, ft_ = clock64(); const long long f0_ = ft_
+#define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
         if ((threadIdx.x & 127) == 0 && blockIdx.x == 0 && (nch) > 0) {                                        \
-            printf("fused %s cycles/chunk: start %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end %lld\n", name, \
-                   fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[6] / (nch)); \
+            printf("fused %s cycles/chunk: start %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
+                   fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
+            printf("fused %s at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
+                   fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
         }                                                                                                     \
     } while (0)
 #else
@@ -198,8 +220,11 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
         const int64_t at = (m < 2 ? row * p.H + h : row * p.HV + j) * (int64_t)128 + c16 * 8;
         gdn::cp16(sm + m * 16384 + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), static_cast<const __nv_bfloat16 *>(x) + at, in);
     }
+#ifndef PROBE_S0_ROWS
+#define PROBE_S0_ROWS 128
+#endif
 #pragma unroll 4
-    for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
+    for (int e = t2; e < PROBE_S0_ROWS * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
         const int k = e >> 5, q = e & 31;
         gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
     }
@@ -207,8 +232,13 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
     {   /* Tm, P: 2048 float4, 8 a thread */
         float4 r[8];
         const float4 *T4 = reinterpret_cast<const float4 *>(rec + R_TM), *P4 = reinterpret_cast<const float4 *>(rec + R_P);
+#ifdef PROBE_NO_TMP
+#pragma unroll
+        for (int u = 0; u < 4; u++) { r[u] = make_float4(0.f, 0.f, 0.f, 0.f); r[4 + u] = r[u]; }
+#else
 #pragma unroll
         for (int u = 0; u < 4; u++) { r[u] = T4[t2 + 256 * u]; r[4 + u] = P4[t2 + 256 * u]; }
+#endif
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int e = 4 * (t2 + 256 * (u & 3)), rr = e >> 6, c0 = e & 63;
@@ -218,45 +248,76 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
     }
 }
 
-/* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (A) and
- * dKc (B) in fp32: this block's rows [r per, (r + 1) per), summed in rank
- * order, through the L2 norm chain; a warp a row at a time, four columns a lane */
-__device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t row0, int c, int h) {
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cl = cg::this_cluster();
-    const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
-    const int t1 = t0 + per < c ? t0 + per : c, lane = tidx() & 31, warp = tidx() >> 5;
-    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
-    for (int e = warp - 4; e < 2 * (t1 - t0); e += 8) {   /* the V and T warps */
-        const int qk = e & 1, t = t0 + (e >> 1);
-        const int64_t row = row0 + t, at = (row * p.H + h) * 128 + 4 * lane;
-        const uint2 xr = *reinterpret_cast<const uint2 *>(static_cast<const __nv_bfloat16 *>(qk ? p.k : p.q) + at);
-        const float rs = l2 ? (qk ? p.rstd_k : p.rstd_q)[row * p.H + h] : 1.f;
-        const int off = (qk ? FS::A : FS::B) + f32_at(t, 4 * lane);
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int b = 0; b < nb; b++) {
-            const float4 y = *reinterpret_cast<const float4 *>(cl.map_shared_rank(sm + off, b));
-            a.x += y.x; a.y += y.y; a.z += y.z; a.w += y.w;
-        }
-        const float x0 = M::lo(xr.x) * rs, x1 = M::hi(xr.x) * rs, x2 = M::lo(xr.y) * rs, x3 = M::hi(xr.y) * rs;
-        if (l2) {
-            const float d = gdn::warp_sum(x0 * a.x + x1 * a.y + x2 * a.z + x3 * a.w);
-            a.x = rs * (a.x - x0 * d); a.y = rs * (a.y - x1 * d); a.z = rs * (a.z - x2 * d); a.w = rs * (a.w - x3 * d);
-        }
-        *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(qk ? p.dk : p.dq) + at) = make_uint2(M::pack(a.x, a.y), M::pack(a.z, a.w));
-    }
-}
-
-
-/* ---- the three roles. Each walks chunks [cb, top) from the last; the
- * block barriers a chunk, in order: F (inputs in), S (S0, dS stored),
- * P1, P2, P3, P4; then the cluster's two (dQc, dKc published; read). ---- */
 struct Walk {
     int64_t n, bos, len, sb, cb, top;
     int j, h;
     __device__ __forceinline__ int64_t row0(int64_t ci) const { return bos + ci * CC; }
     __device__ __forceinline__ int cnt(int64_t ci) const { return len - ci * CC < CC ? (int)(len - ci * CC) : CC; }
 };
+
+/* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (B) and
+ * dKc (A) in fp32: this block's rows [r per, (r + 1) per), summed in rank
+ * order, through the L2 norm chain (the raw rows from QR, KR, rstd from the
+ * scalars); by the S warpgroup (idle while the others form the gate's
+ * gradients), a warp two rows at a time, four columns a lane */
+constexpr int MAXG = 4;   /* the cluster's blocks read (Fused::takes G <= 2) */
+constexpr int RUNR = 1;   /* rows a warp at a time (2: slower, bench/NOTES.md v5.1) */
+/* a float4 of block b's shared memory at this block's shared address a */
+__device__ __forceinline__ float4 ld_rank(uint32_t a, int b) {
+    uint32_t r;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
+    return v;
+}
+__device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t row0, int c, int h) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    const Sc s(sm);
+    const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
+    const int t1 = t0 + per < c ? t0 + per : c, lane = tidx() & 31, warp = (tidx() >> 5) & 3, col = 4 * lane;
+    const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const uint32_t sa = saddr(sm);
+#pragma unroll 1
+    for (int e0 = warp; e0 < 2 * (t1 - t0); e0 += 4 * RUNR) {
+        float4 a[RUNR];
+        uint2 xr[RUNR];
+#pragma unroll
+        for (int u = 0; u < RUNR; u++) {   /* every read in flight before the sums */
+            const int e = e0 + 4 * u, qk = e & 1, t = t0 + (e >> 1);
+            if (e < 2 * (t1 - t0)) {
+                xr[u] = *reinterpret_cast<const uint2 *>(sm + (qk ? FS::KR : FS::QR) + (col >> 6) * 8192 + swz(t, col & 63));
+                const uint32_t off = sa + (qk ? FS::A : FS::B) + f32_at(t, col);
+                a[u] = ld_rank(off, 0);
+#pragma unroll
+                for (int b = 1; b < MAXG; b++)
+                    if (b < nb) {
+                        const float4 y = ld_rank(off, b);
+                        a[u].x += y.x; a[u].y += y.y; a[u].z += y.z; a[u].w += y.w;
+                    }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RUNR; u++) {
+            const int e = e0 + 4 * u, qk = e & 1, t = t0 + (e >> 1);
+            if (e < 2 * (t1 - t0)) {
+                const float rs = qk ? s.rk[t] : s.rq[t];   /* rstd with the L2 norm, else 1 (t < c) */
+                float4 y = a[u];
+                const float x0 = M::lo(xr[u].x) * rs, x1 = M::hi(xr[u].x) * rs, x2 = M::lo(xr[u].y) * rs, x3 = M::hi(xr[u].y) * rs;
+                if (l2) {
+                    const float d = gdn::warp_sum(x0 * y.x + x1 * y.y + x2 * y.z + x3 * y.w);
+                    y.x = rs * (y.x - x0 * d); y.y = rs * (y.y - x1 * d); y.z = rs * (y.z - x2 * d); y.w = rs * (y.w - x3 * d);
+                }
+                const int64_t at = ((row0 + t) * p.H + h) * 128 + col;
+                *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(qk ? p.dk : p.dq) + at) = make_uint2(M::pack(y.x, y.y), M::pack(y.z, y.w));
+            }
+        }
+    }
+}
+
+/* ---- the three roles. Each walks chunks [cb, top) from the last; the
+ * block barriers a chunk, in order: F (inputs in), S (S0, dS stored),
+ * P1, P2, P3, P4; then the cluster's two (dQc, dKc published; read). ---- */
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (S's threads < CC), barrier F */
@@ -292,14 +353,14 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, char *sm, const Wa
 
 /* the chunk's common end (every role): the cluster's dq, dk, then the gate
  * (V and T), the cluster barrier that frees A and B */
-template <int ROLE>
-__device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+template <int ROLE, typename Probe>
+__device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
-    cluster_bar<ROLE>();   /* every block's dQc, dKc in its A, B */
-    if (ROLE > 0) {
-        cluster_rows(p, sm, row0, c, w.h);
+    {   /* the gate while S sums the cluster's rows (its inputs this block's own) */
+        cluster_arrive<ROLE>();
+        probe(7);
         const int t = tid - 128;   /* 256 threads: V and T */
         float *Rg = reinterpret_cast<float *>(sm + FS::C);
         if (t < CC) {
@@ -312,8 +373,10 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
         sync();
         gate_store_t<float>(p, slot, w.j, row0, c, s.gt, Rg, CC, s.dgq, s.dbv, s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), t,
                             sync);
+        probe(9);
+        cluster_wait<ROLE>();
     }
-    cluster_bar<ROLE>();   /* no block reads another's A, B any more; C, D free */
+    cluster_bar_war<ROLE>();   /* no block reads another's A, B any more */
 }
 
 /* the state gradient (n, j) between dht / dh0 (either layout) and a staging
@@ -469,8 +532,23 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
             }
         }
         PHASE_BAR(0, 4);   /* P3 */
+        /* dS's second half parked in VR and OR (free from P3 to the next chunk's
+         * fetch) while the cluster's rows need the registers */
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            *reinterpret_cast<float4 *>(sm + FS::VR + (i * 128 + (tidx() & 127)) * 16) =
+                make_float4(d[1][4 * i], d[1][4 * i + 1], d[1][4 * i + 2], d[1][4 * i + 3]);
         PHASE_BAR(0, 5);   /* P4 */
-        chunk_end<0>(p, sm, w, ci);
+        cluster_bar<0>();   /* every block's dQc, dKc in its A, B */
+        FP(7);
+        cluster_rows(p, sm, w.row0(ci), c, w.h);
+        FP(8);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float4 v = *reinterpret_cast<const float4 *>(sm + FS::VR + (i * 128 + (tidx() & 127)) * 16);
+            d[1][4 * i] = v.x; d[1][4 * i + 1] = v.y; d[1][4 * i + 2] = v.z; d[1][4 * i + 3] = v.w;
+        }
+        cluster_bar_war<0>();   /* no block reads another's A, B any more */
         rows();
         FP(6);
     }
@@ -719,7 +797,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
             gdn::bar_named(BAR_S, 256);
         }
         PHASE_BAR(1, 5);   /* P4 */
-        chunk_end<1>(p, sm, w, ci);
+        chunk_end<1>(p, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(6);
     }
@@ -842,7 +920,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
             st_f32(dkc, (sm + FS::A), f);
         }
         PHASE_BAR(2, 5);   /* P4 */
-        chunk_end<2>(p, sm, w, ci);
+        chunk_end<2>(p, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(6);
     }
