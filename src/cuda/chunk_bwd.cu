@@ -353,6 +353,10 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
     const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
     if (fused && (e = Fused::attr()) != cudaSuccess) return e;
+    /* the records' Tm and P as the fused pass's bf16 tiles where it alone reads
+     * them and this call's prep writes them (the split's first reverse sweep
+     * reads fp32; BACK reads FRONT's records unless windowed) */
+    p.rec16 = fused && !wl.sc && (part == WHOLE || wl.rw);
     if (part != BACK && !wl.rw) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
@@ -539,6 +543,7 @@ BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
     p.nvt = (c->V + VT - 1) / VT;
     p.scale = c->scale; p.flags = c->flags;
+    p.rec16 = 0;
     return p;
 }
 

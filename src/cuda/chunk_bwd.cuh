@@ -54,6 +54,10 @@ struct BwdArgs {
      * states then run a window at a time) */
     int64_t w0, wn;
     int rw;
+    /* rec16: the records' Tm and P as bf16 tiles (64 x 64, 128-byte swizzled
+     * rows: the fused pass's shared-memory layout), Tm at R_TM, P 8 KB after
+     * it, where the fused pass is their only reader (run() in chunk_bwd.cu) */
+    int rec16;
 };
 
 /* chunk i of sequence n's state gradient in dstates, its record and its

@@ -68,6 +68,7 @@ struct FS {               /* byte offsets */
     static constexpr int bytes = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4 + 1024;   /* + the base's alignment */
 };
 static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an SM");
+static_assert(FS::PH == FS::TH + 8192, "Tm and P adjacent: one copy of the record's tiles (rec16)");
 
 /* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V and T), 5 dKK + dKK^T
  * stored (V and T), 6 the gate (V and T) */
@@ -207,8 +208,8 @@ struct Sc {
 /* the chunk's inputs: the rows of k, q (head h), v, dO (value head j) by
  * cp.async into their tiles (rows past c zero), the forward state S0 (fp32,
  * k-first) into C and D (f32_at: 128 rows of 512 bytes, 16-byte pieces
- * swizzled by the row), Tm and P (the record's fp32) as bf16 by the V and T
- * warpgroups; one commit group */
+ * swizzled by the row), Tm and P: the record's bf16 tiles (rec16), or its
+ * fp32 rounded to bf16 by the V and T warpgroups; one commit group */
 __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, int c, int h, int j, const float *S0, const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
 #pragma unroll 1
@@ -228,8 +229,17 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
         const int k = e >> 5, q = e & 31;
         gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
     }
+    if (p.rec16) {   /* Tm, P: the record's bf16 tiles (TH, PH adjacent): 1024 pieces */
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int e = t2 + 256 * u;
+            gdn::cp16(sm + FS::TH + 16 * e, reinterpret_cast<const char *>(rec + R_TM) + 16 * e, true);
+        }
+        gdn::cp_commit();
+        return;
+    }
     gdn::cp_commit();
-    {   /* Tm, P: 2048 float4, 8 a thread */
+    {   /* Tm, P from fp32: 2048 float4, 8 a thread */
         float4 r[8];
         const float4 *T4 = reinterpret_cast<const float4 *>(rec + R_TM), *P4 = reinterpret_cast<const float4 *>(rec + R_P);
 #ifdef PROBE_NO_TMP

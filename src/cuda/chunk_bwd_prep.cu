@@ -7,6 +7,7 @@
 namespace gdn {
 namespace cbwd {
 namespace {
+using M16 = cfwd::mma_traits<__nv_bfloat16>;   /* the fused pass's bf16 pairs (rec16) */
 
 /* ---- slot_info: per slot its first row and length (0 = no chunk) ---- */
 __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
@@ -123,8 +124,17 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
             for (int e = 0; e < 4; e++) {
                 const int t = 16 * wl + g + 8 * (e >> 1), s = 8 * a + 2 * tq + (e & 1);
                 if (cg == 0) As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * ((rk[t] * rk[s]) * x[4 * a + e]) : 0.f;
-                else rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * x[4 * a + e])) * Ef(gcd, t, s) : 0.f;
+                else x[4 * a + e] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * x[4 * a + e])) * Ef(gcd, t, s) : 0.f;
             }
+        if (cg == 1)   /* P: fp32, or the bf16 tile (p.rec16) */
+#pragma unroll
+            for (int a = 0; a < 8; a++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int t = 16 * wl + g + 8 * hr, s = 8 * a + 2 * tq;
+                    if (p.rec16) *reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(rec + R_TM) + 8192 + cfwd::swz(t, s)) = M16::pack(x[4 * a + 2 * hr], x[4 * a + 2 * hr + 1]);
+                    else *reinterpret_cast<float2 *>(rec + R_P + t * CC + s) = make_float2(x[4 * a + 2 * hr], x[4 * a + 2 * hr + 1]);
+                }
     } else {
         gdn::block_mm_s<SPLIT, false, false, EX, EX>(
             CC, CC, K, Ks, lk, Ks, lk,
@@ -133,7 +143,9 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         gdn::block_mm_s<SPLIT, false, false, EX, EX>(
             CC, CC, K, Qs, lk, Ks, lk,
             [&](int t, int s, float qk) {
-                rec[R_P + t * CC + s] = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * qk)) * Ef(gcd, t, s) : 0.f;
+                const float v = s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * qk)) * Ef(gcd, t, s) : 0.f;
+                if (p.rec16) *reinterpret_cast<__nv_bfloat16 *>(reinterpret_cast<char *>(rec + R_TM) + 8192 + cfwd::swz(t, s)) = __float2bfloat16_rn(v);
+                else rec[R_P + t * CC + s] = v;
             },
             gdn::full_k{});
     }
@@ -183,7 +195,13 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         }
     }
     BP(3);
-    for (int e = tid; e < CC * CC; e += NT) rec[R_TM + e] = Ts[(e / CC) * RS + e % CC];
+    if (p.rec16)   /* Tm as the bf16 tile */
+        for (int e = tid; e < CC * CC / 2; e += NT) {
+            const int r = e >> 5, s = 2 * (e & 31);
+            *reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(rec + R_TM) + cfwd::swz(r, s)) = M16::pack(Ts[r * RS + s], Ts[r * RS + s + 1]);
+        }
+    else
+        for (int e = tid; e < CC * CC; e += NT) rec[R_TM + e] = Ts[(e / CC) * RS + e % CC];
     BP(4);
     BP_PRINT(slot == 0 && j == 0, "prep item: loads, gate | A, P | diagonal blocks | levels | Tm store", 5, 1);
 }
