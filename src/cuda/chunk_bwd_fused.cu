@@ -24,8 +24,8 @@
  * (dTm = dU X^T is dWk Bk^T + dU Bv^T of chunk_bwd.c, X being Bv - Bk S0;
  * dBk = Tm^T dWk is -dBv S0^T: neither needs dWk.) Then dQc, dKc meet the
  * other value heads' in the cluster (G blocks), dq and dk leave through
- * the L2 norm chain, and gate_store forms dg, dbeta and the gate's
- * partials, as the local stage does.
+ * the L2 norm chain (summed by S), and gate_store forms dg, dbeta and the
+ * gate's partials (by V and T meanwhile), as the local stage does.
  *
  * Operands: q, k, v, dO raw (exact in bf16; rstd as row scales); Tm, P, S0,
  * dS rounded to bf16; X, U, dU, dBv and every K-side operand formed here
@@ -40,7 +40,8 @@
  *   B: dS (bf16) | dQc (fp32) for the cluster's sums
  *   C: S0 fp32 staging (with D) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
  *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums
- *   VR after P2: the S update's B operands, 16 tokens at a time */
+ *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
+ *      from P3 to the chunk's end, dS's second half (parked by S) */
 #include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
@@ -88,14 +89,11 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar() {
  * writes (the values read were used before the arrive): no release, so no
  * wait for the chunk's global stores */
 template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
-#ifdef PROBE_RELEASE_CL2
-    cluster_bar<ROLE>();
-#else
     if constexpr (ROLE == 0) asm volatile("barrier.cluster.arrive.relaxed.aligned; // S\nbarrier.cluster.wait.aligned;" ::: "memory");
     else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.relaxed.aligned; // V\nbarrier.cluster.wait.aligned;" ::: "memory");
     else asm volatile("barrier.cluster.arrive.relaxed.aligned; // T\nbarrier.cluster.wait.aligned;" ::: "memory");
-#endif
 }
+/* the cluster barrier in two halves (V and T: the gate between) */
 template <int ROLE> __device__ __forceinline__ void cluster_arrive() {
     if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.release.aligned; // V" ::: "memory");
     else asm volatile("barrier.cluster.arrive.release.aligned; // T" ::: "memory");
@@ -221,11 +219,8 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
         const int64_t at = (m < 2 ? row * p.H + h : row * p.HV + j) * (int64_t)128 + c16 * 8;
         gdn::cp16(sm + m * 16384 + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), static_cast<const __nv_bfloat16 *>(x) + at, in);
     }
-#ifndef PROBE_S0_ROWS
-#define PROBE_S0_ROWS 128
-#endif
 #pragma unroll 4
-    for (int e = t2; e < PROBE_S0_ROWS * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
+    for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
         const int k = e >> 5, q = e & 31;
         gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
     }
@@ -242,13 +237,8 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
     {   /* Tm, P from fp32: 2048 float4, 8 a thread */
         float4 r[8];
         const float4 *T4 = reinterpret_cast<const float4 *>(rec + R_TM), *P4 = reinterpret_cast<const float4 *>(rec + R_P);
-#ifdef PROBE_NO_TMP
-#pragma unroll
-        for (int u = 0; u < 4; u++) { r[u] = make_float4(0.f, 0.f, 0.f, 0.f); r[4 + u] = r[u]; }
-#else
 #pragma unroll
         for (int u = 0; u < 4; u++) { r[u] = T4[t2 + 256 * u]; r[4 + u] = P4[t2 + 256 * u]; }
-#endif
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int e = 4 * (t2 + 256 * (u & 3)), rr = e >> 6, c0 = e & 63;
@@ -268,10 +258,10 @@ struct Walk {
 /* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (B) and
  * dKc (A) in fp32: this block's rows [r per, (r + 1) per), summed in rank
  * order, through the L2 norm chain (the raw rows from QR, KR, rstd from the
- * scalars); by the S warpgroup (idle while the others form the gate's
- * gradients), a warp two rows at a time, four columns a lane */
+ * scalars); by the S warpgroup while V and T form the gate's gradients, a
+ * warp a row at a time, four columns a lane (two rows at a time spilled
+ * dS: slower, bench/NOTES.md v5.1) */
 constexpr int MAXG = 4;   /* the cluster's blocks read (Fused::takes G <= 2) */
-constexpr int RUNR = 1;   /* rows a warp at a time (2: slower, bench/NOTES.md v5.1) */
 /* a float4 of block b's shared memory at this block's shared address a */
 __device__ __forceinline__ float4 ld_rank(uint32_t a, int b) {
     uint32_t r;
@@ -289,45 +279,32 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const uint32_t sa = saddr(sm);
 #pragma unroll 1
-    for (int e0 = warp; e0 < 2 * (t1 - t0); e0 += 4 * RUNR) {
-        float4 a[RUNR];
-        uint2 xr[RUNR];
+    for (int e = warp; e < 2 * (t1 - t0); e += 4) {
+        const int qk = e & 1, t = t0 + (e >> 1);
+        const uint2 xr = *reinterpret_cast<const uint2 *>(sm + (qk ? FS::KR : FS::QR) + (col >> 6) * 8192 + swz(t, col & 63));
+        const uint32_t off = sa + (qk ? FS::A : FS::B) + f32_at(t, col);
+        float4 y = ld_rank(off, 0);
 #pragma unroll
-        for (int u = 0; u < RUNR; u++) {   /* every read in flight before the sums */
-            const int e = e0 + 4 * u, qk = e & 1, t = t0 + (e >> 1);
-            if (e < 2 * (t1 - t0)) {
-                xr[u] = *reinterpret_cast<const uint2 *>(sm + (qk ? FS::KR : FS::QR) + (col >> 6) * 8192 + swz(t, col & 63));
-                const uint32_t off = sa + (qk ? FS::A : FS::B) + f32_at(t, col);
-                a[u] = ld_rank(off, 0);
-#pragma unroll
-                for (int b = 1; b < MAXG; b++)
-                    if (b < nb) {
-                        const float4 y = ld_rank(off, b);
-                        a[u].x += y.x; a[u].y += y.y; a[u].z += y.z; a[u].w += y.w;
-                    }
+        for (int b = 1; b < MAXG; b++)
+            if (b < nb) {
+                const float4 z = ld_rank(off, b);
+                y.x += z.x; y.y += z.y; y.z += z.z; y.w += z.w;
             }
+        const float rs = qk ? s.rk[t] : s.rq[t];   /* rstd with the L2 norm, else 1 (t < c) */
+        const float x0 = M::lo(xr.x) * rs, x1 = M::hi(xr.x) * rs, x2 = M::lo(xr.y) * rs, x3 = M::hi(xr.y) * rs;
+        if (l2) {
+            const float d = gdn::warp_sum(x0 * y.x + x1 * y.y + x2 * y.z + x3 * y.w);
+            y.x = rs * (y.x - x0 * d); y.y = rs * (y.y - x1 * d); y.z = rs * (y.z - x2 * d); y.w = rs * (y.w - x3 * d);
         }
-#pragma unroll
-        for (int u = 0; u < RUNR; u++) {
-            const int e = e0 + 4 * u, qk = e & 1, t = t0 + (e >> 1);
-            if (e < 2 * (t1 - t0)) {
-                const float rs = qk ? s.rk[t] : s.rq[t];   /* rstd with the L2 norm, else 1 (t < c) */
-                float4 y = a[u];
-                const float x0 = M::lo(xr[u].x) * rs, x1 = M::hi(xr[u].x) * rs, x2 = M::lo(xr[u].y) * rs, x3 = M::hi(xr[u].y) * rs;
-                if (l2) {
-                    const float d = gdn::warp_sum(x0 * y.x + x1 * y.y + x2 * y.z + x3 * y.w);
-                    y.x = rs * (y.x - x0 * d); y.y = rs * (y.y - x1 * d); y.z = rs * (y.z - x2 * d); y.w = rs * (y.w - x3 * d);
-                }
-                const int64_t at = ((row0 + t) * p.H + h) * 128 + col;
-                *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(qk ? p.dk : p.dq) + at) = make_uint2(M::pack(y.x, y.y), M::pack(y.z, y.w));
-            }
-        }
+        const int64_t at = ((row0 + t) * p.H + h) * 128 + col;
+        *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(qk ? p.dk : p.dq) + at) = make_uint2(M::pack(y.x, y.y), M::pack(y.z, y.w));
     }
 }
 
 /* ---- the three roles. Each walks chunks [cb, top) from the last; the
  * block barriers a chunk, in order: F (inputs in), S (S0, dS stored),
- * P1, P2, P3, P4; then the cluster's two (dQc, dKc published; read). ---- */
+ * P1, P2, P3, P4; then the cluster's two (dQc, dKc published: S then sums
+ * the rows while V and T form the gate's gradients; every read done). ---- */
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (S's threads < CC), barrier F */
@@ -361,8 +338,9 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, char *sm, const Wa
     block_bar<ROLE>();   /* F */
 }
 
-/* the chunk's common end (every role): the cluster's dq, dk, then the gate
- * (V and T), the cluster barrier that frees A and B */
+/* the chunk's end for V and T: their dQc, dKc published (arrive), the gate's
+ * gradients while S sums the cluster's rows, then the cluster barrier that
+ * frees A and B (S's end is in role_s) */
 template <int ROLE, typename Probe>
 __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
