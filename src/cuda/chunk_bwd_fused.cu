@@ -258,9 +258,9 @@ struct Walk {
 /* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (B) and
  * dKc (A) in fp32: this block's rows [r per, (r + 1) per), summed in rank
  * order, through the L2 norm chain (the raw rows from QR, KR, rstd from the
- * scalars); by the S warpgroup while V and T form the gate's gradients, a
- * warp a row at a time, four columns a lane (two rows at a time spilled
- * dS: slower, bench/NOTES.md v5.1) */
+ * scalars); most by the S warpgroup while V and T form the gate's
+ * gradients, a warp a row at a time, four columns a lane (two rows at a
+ * time spilled dS: slower, bench/NOTES.md v5.1) */
 constexpr int MAXG = 4;   /* the cluster's blocks read (Fused::takes G <= 2) */
 /* a float4 of block b's shared memory at this block's shared address a */
 __device__ __forceinline__ float4 ld_rank(uint32_t a, int b) {
@@ -270,16 +270,21 @@ __device__ __forceinline__ float4 ld_rank(uint32_t a, int b) {
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
     return v;
 }
+template <bool S_SIDE>
 __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t row0, int c, int h) {
     namespace cg = cooperative_groups;
     const cg::cluster_group cl = cg::this_cluster();
     const Sc s(sm);
     const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
-    const int t1 = t0 + per < c ? t0 + per : c, lane = tidx() & 31, warp = (tidx() >> 5) & 3, col = 4 * lane;
+    const int t1 = t0 + per < c ? t0 + per : c, lane = tidx() & 31, col = 4 * lane;
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const uint32_t sa = saddr(sm);
+    /* the rows' q / k items: S's four warps the first three quarters, V and
+     * T's eight the rest after the gate (the two sides then end together) */
+    const int n = 2 * (t1 - t0), ns = (3 * n) / 4;
+    const int e0 = S_SIDE ? (tidx() >> 5) & 3 : ns + (tidx() >> 5) - 4, e1 = S_SIDE ? ns : n, es = S_SIDE ? 4 : 8;
 #pragma unroll 1
-    for (int e = warp; e < 2 * (t1 - t0); e += 4) {
+    for (int e = e0; e < e1; e += es) {
         const int qk = e & 1, t = t0 + (e >> 1);
         const uint2 xr = *reinterpret_cast<const uint2 *>(sm + (qk ? FS::KR : FS::QR) + (col >> 6) * 8192 + swz(t, col & 63));
         const uint32_t off = sa + (qk ? FS::A : FS::B) + f32_at(t, col);
@@ -363,6 +368,8 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
                             sync);
         probe(9);
         cluster_wait<ROLE>();
+        cluster_rows<false>(p, sm, row0, c, w.h);
+        probe(8);
     }
     cluster_bar_war<ROLE>();   /* no block reads another's A, B any more */
 }
@@ -529,7 +536,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
         PHASE_BAR(0, 5);   /* P4 */
         cluster_bar<0>();   /* every block's dQc, dKc in its A, B */
         FP(7);
-        cluster_rows(p, sm, w.row0(ci), c, w.h);
+        cluster_rows<true>(p, sm, w.row0(ci), c, w.h);
         FP(8);
 #pragma unroll
         for (int i = 0; i < 16; i++) {
