@@ -263,13 +263,14 @@ enum Part { WHOLE, FRONT, BACK };
  * reverse sweep) where they fit: every chunk's into p.states (w < 0), or,
  * where the states are windowed (wl.rw), window w's from its checkpoint
  * (ckpt_at; h0 for the first) into `states` at the window's places (or
- * nowhere: NULL) and the state after it into `ht` (or NULL). 1: queued;
- * 0: nothing queued, fwd_sweep's job; -1: a launch failed */
+ * nowhere: NULL) and the state after it into `ht` (or NULL); st16: as the
+ * fused pass's bf16 tiles where the kernel can. 2: queued as tiles; 1:
+ * queued; 0: nothing queued, fwd_sweep's job; -1: a launch failed */
 float *ckpt_at(const WsLayout &wl, char *ws, int64_t w, int HV, size_t kv) {
     return reinterpret_cast<float *>(ws + wl.ckpt) + (size_t)(w - 1) * wl.Ns * HV * kv;
 }
 int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st,
-               int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0) {
+               int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0, int st16 = 0) {
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
@@ -281,7 +282,7 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
     if (w > 0) f.h0 = ckpt_at(wl, ws, w, p.HV, (size_t)p.K * p.V);
     f.ht = ht;
-    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st);
+    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st16, st);
 }
 
 /* the tag of the forward's checkpoints of windows of wn chunks in saved */
@@ -353,9 +354,10 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
     const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
     if (fused && (e = Fused::attr()) != cudaSuccess) return e;
-    /* the records' Tm and P as the fused pass's bf16 tiles where it alone reads
-     * them and this call's prep writes them (the split's first reverse sweep
-     * reads fp32; BACK reads FRONT's records unless windowed) */
+    /* the records' Tm and P as the fused pass's bf16 tiles, and the forward
+     * states as its bf16 tiles, where it alone reads them and this call
+     * writes them (the split's first reverse sweep reads fp32 records; BACK
+     * reads FRONT's unless windowed) */
     p.rec16 = fused && !wl.sc && (part == WHOLE || wl.rw);
     if (part != BACK && !wl.rw) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -407,8 +409,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
-        const int fs = fwd_states(pl, a, p, wl, ws, st);
+        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, p.rec16);
         if (fs < 0) return cudaErrorLaunchFailure;
+        p.st16 = fs == 2;
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
         if (!wl.wn && fused) Fused::launch(p, st);
@@ -429,7 +432,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.rw = wl.rw;
             WLAP(-1);
             if (wl.rw) {   /* the window's forward states from its checkpoint, then its records */
-                if (fwd_states(pl, a, p, wl, ws, st, w, p.states) != 1) return cudaErrorLaunchFailure;
+                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, p.rec16);
+                if (fs < 1) return cudaErrorLaunchFailure;
+                q.st16 = fs == 2;
                 WLAP(0);
                 PrepPass<SPLIT>::launch(q, st);
             }
@@ -543,7 +548,7 @@ BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
     p.nvt = (c->V + VT - 1) / VT;
     p.scale = c->scale; p.flags = c->flags;
-    p.rec16 = 0;
+    p.rec16 = p.st16 = 0;
     return p;
 }
 

@@ -58,6 +58,9 @@ struct BwdArgs {
      * rows: the fused pass's shared-memory layout), Tm at R_TM, P 8 KB after
      * it, where the fused pass is their only reader (run() in chunk_bwd.cu) */
     int rec16;
+    /* st16: the forward states as bf16 tiles (gdn_cuda_chunk_states' st16:
+     * the fused pass's layout of S0 in shared memory) */
+    int st16;
 };
 
 /* chunk i of sequence n's state gradient in dstates, its record and its

@@ -7,9 +7,10 @@
  * Three warpgroups, each with its own loop over the chunks, meeting at
  * barriers (named, per phase):
  *   S (warpgroup 0) holds dS (128 x 128 fp32, 128 registers a thread):
- *     stores dS and the state S0 entering the chunk (fp32 from the forward
- *     states, staged in shared memory) as bf16 operands, S0 . dS in fp32
- *     for the gate, then the update
+ *     stores dS as a bf16 operand beside the state S0 entering the chunk
+ *     (bf16 as the forward's state kernel stored it, BwdArgs::st16, copied
+ *     with the rows; else fp32, staged and rounded here), S0 . dS (fp32
+ *     sums of the bf16 S0) for the gate, then the update
  *       dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv)
  *     with q, k raw and the scaled dO, dBv as hi + lo (all from shared
  *     memory: A operands from registers cost the 128 a wgmma pipeline).
@@ -38,7 +39,7 @@
  *      (dKK + dKK^T) rk (hi + lo) | dKc (fp32) for the cluster's sums
  *      (and dht / dh0 on their way in and out, around the chunks)
  *   B: dS (bf16) | dQc (fp32) for the cluster's sums
- *   C: S0 fp32 staging (with D) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
+ *   C: S0 fp32 staging (with D; without st16) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
  *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S) */
@@ -219,11 +220,18 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
         const int64_t at = (m < 2 ? row * p.H + h : row * p.HV + j) * (int64_t)128 + c16 * 8;
         gdn::cp16(sm + m * 16384 + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), static_cast<const __nv_bfloat16 *>(x) + at, in);
     }
+    if (p.st16)   /* S0 as the bf16 tile, into A as it is (32 KB) */
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int e = t2 + 256 * u;
+            gdn::cp16(sm + FS::A + 16 * e, reinterpret_cast<const char *>(S0) + 16 * e, true);
+        }
+    else
 #pragma unroll 4
-    for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
-        const int k = e >> 5, q = e & 31;
-        gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
-    }
+        for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
+            const int k = e >> 5, q = e & 31;
+            gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
+        }
     if (p.rec16) {   /* Tm, P: the record's bf16 tiles (TH, PH adjacent): 1024 pieces */
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -432,7 +440,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
                 d[mt][4 * a + 2 * hr] = v.x;
                 d[mt][4 * a + 2 * hr + 1] = v.y;
             }
-    gdn::bar_named(3, 128);
+    block_bar<0>();   /* every role's: A, B read (the first chunk's fetch may write A) */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<0>(p, sm, w, ci);
@@ -442,7 +450,27 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
         /* S0 (bf16) into A, dS (bf16) into B; S0 . dS: four 8 x 8 matrices a store
          * (st_blk's order), their S0 values read from the staging area just before */
         float tot = 0.f;
-        {
+        if (p.st16) {   /* S0 in A already (bf16): read back in st_blk's order for S0 . dS */
+            const int m = lane >> 3, row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                    for (int a = 0; a < 8; a += 2) {
+                        const float *x = &d[mt][32 * hb];
+                        uint32_t hs[4], hd[4];
+                        const int at = hb * 16384 + mt * 8192 + swz(row, 8 * (a + (m >> 1)));
+                        gdn::ldsm4(hs, sm + FS::A + at);
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            const int aa = a + (q >> 1), hr = q & 1, b = 4 * aa + 2 * hr;
+                            tot = fmaf(M::lo(hs[q]), x[b], fmaf(M::hi(hs[q]), x[b + 1], tot));
+                            hd[q] = M::pack(x[b], x[b + 1]);
+                        }
+                        stsm4(sm + FS::B + at, hd[0], hd[1], hd[2], hd[3]);
+                    }
+        } else {
             const int m = lane >> 3, row = 16 * wl + 8 * (m & 1) + (lane & 7);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
@@ -574,6 +602,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
+    block_bar<1>();   /* S has read dht from A, B */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<1>(p, sm, w, ci);
@@ -804,6 +833,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
+    block_bar<2>();   /* S has read dht from A, B */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         chunk_start<2>(p, sm, w, ci);

@@ -91,7 +91,7 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
  * over the same workspace */
 enum Part { WHOLE, FRONT, BACK };
 template <int KT, int BV, typename E>
-cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part) {
+cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part, int *st16) {
     cudaError_t e = PrepPass<KT, E>::attr();
     if (e == cudaSuccess) e = StatePass<KT, BV, E>::attr();
     if (e != cudaSuccess) return e;
@@ -110,6 +110,8 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
              tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
              tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
     if (p.smode && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences or a window */
+    p.st16 = p.st16 && tr && p.V == 128;   /* the bf16 tiles from the transposed kernel only */
+    if (st16) *st16 = p.st16;
     if (tr) {
         e = StateTPass<E>::attr();
         if (e != cudaSuccess) return e;
@@ -141,10 +143,11 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
 }
 
 template <typename E>
-cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part) {
-    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st, part);
-    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st, part);
-    return launch<256, 64, E>(p, rows, N, maxch, ws, st, part);
+cudaError_t launch_k(const ChunkArgs &p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part, int *st16) {
+    if (st16) *st16 = 0;
+    if (p.K <= 64) return launch<64, 128, E>(p, rows, N, maxch, ws, st, part, st16);
+    if (p.K <= 128) return launch<128, 128, E>(p, rows, N, maxch, ws, st, part, st16);
+    return launch<256, 64, E>(p, rows, N, maxch, ws, st, part, st16);
 }
 
 /* the kernel arguments of a call; sc chunks per segment (0 = whole sequences) */
@@ -158,6 +161,7 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.cu = c->cu_seqlens_dev; p.T = c->T;
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.gdt = (int)c->gate_dtype;
     p.scale = c->scale; p.flags = c->flags;
+    p.st16 = 0;
     p.sc = sc;
     p.smode = 0;
     p.states = nullptr;
@@ -176,12 +180,12 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     return p;
 }
 
-cudaError_t run(const gdn_plan *pl, const ChunkArgs &p, void *ws, cudaStream_t st, Part part) {
+cudaError_t run(const gdn_plan *pl, const ChunkArgs &p, void *ws, cudaStream_t st, Part part, int *st16 = nullptr) {
     const gdn_config *c = &pl->c;
     const int maxch = p.wn ? p.wn : (int)((pl->max_len + CC - 1) / CC);   /* the prep's chunks a sequence */
     const int64_t rows = c->B * c->T;
-    return c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st, part)
-                                : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st, part);
+    return c->dtype == GDN_BF16 ? launch_k<__nv_bfloat16>(p, rows, pl->N, maxch, (char *)ws, st, part, st16)
+                                : launch_k<__half>(p, rows, pl->N, maxch, (char *)ws, st, part, st16);
 }
 
 }  // namespace
@@ -220,7 +224,7 @@ extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl, int64_t wn) {
 }
 
 extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                                     const int *skip, int skip_val, void *stream) {
+                                     const int *skip, int skip_val, int st16, void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
@@ -231,10 +235,12 @@ extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, 
     p.states = states;
     p.w0 = (int)w0; p.wn = (int)wn;
     p.skip = skip; p.skip_val = skip_val;
-    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
+    p.st16 = st16;
+    int tiles = 0;
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE, &tiles);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk states launch: %s", cudaGetErrorString(e)), -1;
-    return 1;
+    return tiles ? 2 : 1;
 }
 
 extern "C" size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *pl, int sc) { return ws_layout(pl, sc).total; }

@@ -44,6 +44,9 @@ struct ChunkArgs {
      * where that is not NULL, ht where that is not */
     int smode;
     float *states;
+    /* st16 (the transposed kernel, V = 128): each state rounded to bf16 in the
+     * backward's fused-pass tile layout (s0_at), 32 KB, instead */
+    int st16;
     /* a window of chunks (wn > 0; pass 0): chunks [w0, w0 + wn) of each
      * sequence, from h0 (the state entering chunk w0, h0's layout) to ht (the
      * state after the window's last chunk); the records and states at
@@ -211,6 +214,10 @@ template <typename M> __device__ __forceinline__ void afrag_hilo(uint32_t hi[4],
 /* byte offset of element e of row r in a 64-element-wide block of 128-byte
  * bf16 / f16 rows in the 128-byte swizzle (1024-byte aligned); its descriptor */
 __device__ __forceinline__ int swz(int r, int e) { return r * 128 + ((((e >> 3) ^ r) & 7) << 4) + (e & 7) * 2; }
+/* the backward's bf16 states (ChunkArgs::st16): the byte offset of element
+ * (k, v) of a 128 x 128 state in the fused pass's tile [v / 64][k / 64]
+ * (64 x 64, swz) */
+__device__ __forceinline__ int s0_at(int k, int v) { return (v >> 6) * 16384 + (k >> 6) * 8192 + swz(k & 63, v & 63); }
 __device__ __forceinline__ uint64_t vdesc(const char *p) { return desc_sw128(p, 16); }
 /* a warpgroup's m64n64 fp32 accumulator (32 values a thread; tx the thread's
  * index in the block), times row scales f0 (the thread's rows 16 w + g) and

@@ -152,13 +152,28 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
             if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
                 float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+                if (p.st16) {   /* S as the bf16 tile (V = 128): rows kr, kr + 1 of columns d0, d0 ^ 1 meet in a
+                                 * lane pair, the even lane storing row kr's pair, the odd one row kr + 1's */
+                    char *sb = reinterpret_cast<char *>(sd);
 #pragma unroll
-                for (int q = 0; q < 16; q++)
+                    for (int q = 0; q < 16; q++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
-                        if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
-                    }
+                        for (int e = 0; e < 4; e += 2) {
+                            const int kr = 8 * q + 2 * tq, vc = d0 + 8 * (e >> 1);
+                            const uint32_t h0 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e]));
+                            const uint32_t h1 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e + 1]));
+                            const uint32_t nb = __shfl_xor_sync(0xffffffffu, (g & 1) ? h0 : h1, 4);
+                            if ((g & 1) == 0) *reinterpret_cast<uint32_t *>(sb + s0_at(kr, vc)) = h0 | nb << 16;
+                            else *reinterpret_cast<uint32_t *>(sb + s0_at(kr + 1, vc - 1)) = nb | h1 << 16;
+                        }
+                } else
+#pragma unroll
+                    for (int q = 0; q < 16; q++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int kr = 8 * q + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+                            if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
+                        }
             }
             mb_wait(full + sl, par);
             TPROF(0);
