@@ -57,7 +57,10 @@
  *               sweep and the local stage as one kernel, one block per
  *               (sequence, value head) walking its chunks (a window's) in
  *               reverse with dS in registers, every chunk-local gradient
- *               formed on the way by three warpgroups; no dstates
+ *               formed on the way by three warpgroups; no dstates.
+ *               Where it is their only reader, prep stores Tm and P and
+ *               the chunk forward's state kernel the states as bf16 tiles
+ *               in its shared-memory layout (BwdArgs::rec16, st16)
  *   group stage K > 128: the same per item step by step over a per-item
  *               scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
