@@ -547,7 +547,7 @@ BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     p.dq = a->dq; p.dk = a->dk; p.dv = a->dv; p.dg = a->dg; p.dbeta = a->dbeta;
     p.dA_log = a->dA_log; p.ddt_bias = a->ddt_bias; p.dh0 = a->dh0;
     p.cu = c->cu_seqlens ? c->cu_seqlens_dev : nullptr;
-    p.T = c->T; p.N = pl->N; p.nslots = nslots_of(pl);
+    p.T = c->T; p.N = pl->N; p.nslots = nslots_of(pl); p.ntok = c->B * c->T;
     p.H = c->H; p.HV = c->HV; p.K = c->K; p.V = c->V; p.G = pl->G; p.dt = (int)c->dtype; p.gdt = (int)c->gate_dtype;
     p.nvt = (c->V + VT - 1) / VT;
     p.scale = c->scale; p.flags = c->flags;

@@ -38,7 +38,7 @@ struct BwdArgs {
     void *dq, *dk, *dv, *dg, *dbeta;
     float *dA_log, *ddt_bias, *dh0;
     const int64_t *cu;
-    int64_t T, N, nslots;
+    int64_t T, N, nslots, ntok;   /* ntok: the token rows of q, k, v (B T) */
     int H, HV, K, V, G, dt, gdt, nvt;
     float scale;
     unsigned flags;

@@ -42,7 +42,9 @@
  *   C: S0 fp32 staging (with D; without st16) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
  *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
- *      from P3 to the chunk's end, dS's second half (parked by S) */
+ *      from P3 to the chunk's end, dS's second half (parked by S)
+ * The chunk's inputs come by the TMA where it takes them (fetch: one thread
+ * issues the copies, every thread waits on the mbarrier FS::MB). */
 #include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
@@ -65,6 +67,7 @@ constexpr int FT = 384;   /* threads: three warpgroups */
 struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
+    static constexpr int MB = SC + 512 + 16 * 256;   /* the fetch's mbarrier: in the scalars' spare array */
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     static constexpr int bytes = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4 + 1024;   /* + the base's alignment */
@@ -118,13 +121,13 @@ __device__ __forceinline__ int tidx() {
 }
 
 #ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk; and one chunk's times from the kernel's start */
-#define FP_DECL long long fp_[10] = {0}, fa_[10] = {0}, ft_ = clock64(); const long long f0_ = ft_
+#define FP_DECL long long fp_[12] = {0}, fa_[12] = {0}, ft_ = clock64(); const long long f0_ = ft_
 #define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
         if ((threadIdx.x & 127) == 0 && blockIdx.x == 0 && (nch) > 0) {                                        \
-            printf("fused %s cycles/chunk: start %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
-                   fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
+            printf("fused %s cycles/chunk: start: issue %lld wait %lld F %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
+                   fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
         }                                                                                                     \
@@ -199,20 +202,51 @@ struct Sc {
         float *f = reinterpret_cast<float *>(gcd + CC);
         gam = f; bet = f + CC; rk = f + 2 * CC; rq = f + 3 * CC; ek = f + 4 * CC; xs = f + 5 * CC; us = f + 6 * CC; qs = f + 7 * CC;
         dgq = f + 8 * CC; dgk = f + 9 * CC; dbv = f + 10 * CC; dbk = f + 11 * CC; dba = f + 12 * CC; rl = f + 13 * CC;
-        row = f + 14 * CC; tot = f + 15 * CC; /* [16 * CC, 17 * CC): spare */
+        row = f + 14 * CC; tot = f + 15 * CC; /* [16 * CC, 17 * CC): the fetch's mbarrier (FS::MB) */
         gt = f + FS::NF * CC; red = gt + GT_FLOATS;
     }
 };
 
-/* the chunk's inputs: the rows of k, q (head h), v, dO (value head j) by
- * cp.async into their tiles (rows past c zero), the forward state S0 (fp32,
- * k-first) into C and D (f32_at: 128 rows of 512 bytes, 16-byte pieces
- * swizzled by the row), Tm and P: the record's bf16 tiles (rec16), or its
- * fp32 rounded to bf16 by the V and T warpgroups; one commit group */
-__device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, int c, int h, int j, const float *S0, const float *rec) {
+/* the tensor maps of k, q (heads H) and v, dO (heads HV): 64-row boxes of
+ * 64 columns in the 128-byte swizzle, the tiles' layout (on: all four made) */
+struct FusedMaps {
+    CUtensorMap k, q, v, o;
+    int on;
+};
+/* the chunk's inputs through the TMA where it takes them, completing on the
+ * mbarrier mb (one thread issues every copy): the rows of k, q (head h), v,
+ * dO (value head j) as two 64-column boxes each (fm.on), S0 as the bf16 tile
+ * into A (st16) and Tm, P as the record's bf16 tiles (rec16) by bulk copies;
+ * the rest by cp.async, one commit group (rows past c zero): the rows (not
+ * fm.on), S0 in fp32 (k-first) into C and D (f32_at: 128 rows of 512
+ * bytes, 16-byte pieces swizzled by the row), Tm and P from the record's
+ * fp32, rounded to bf16 by the V and T warpgroups */
+__device__ __forceinline__ uint32_t fetch_tx(const BwdArgs &p, const FusedMaps &fm) {   /* the mbarrier's bytes a chunk */
+    return (fm.on ? 4 * 16384 : 0) + (p.st16 ? 32768 : 0) + (p.rec16 ? 16384 : 0);
+}
+__device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
+                                      const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
+    void *mb = sm + FS::MB;
+    if (t2 == 0 && fetch_tx(p, fm)) {
+        cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
+        cfwd::mb_expect(mb, fetch_tx(p, fm));
+        if (fm.on) {
+            const int r = (int)row0;
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::KR + hb * 8192, &fm.k, 64 * hb, h, r, mb);
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::QR + hb * 8192, &fm.q, 64 * hb, h, r, mb);
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::VR + hb * 8192, &fm.v, 64 * hb, j, r, mb);
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::OR + hb * 8192, &fm.o, 64 * hb, j, r, mb);
+        }
+        if (p.st16) cfwd::bulk_copy(sm + FS::A, S0, 32768, mb);
+        if (p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+    }
 #pragma unroll 1
-    for (int e = t2; e < 4 * CC * 16; e += 256) {
+    for (int e = fm.on ? 4 * CC * 16 : t2; e < 4 * CC * 16; e += 256) {
         const int m = e >> 10, r = (e >> 4) & 63, c16 = e & 15;
         const bool in = r < c;
         const int64_t row = row0 + (in ? r : 0);
@@ -220,24 +254,13 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, char *sm, int64_t row0, 
         const int64_t at = (m < 2 ? row * p.H + h : row * p.HV + j) * (int64_t)128 + c16 * 8;
         gdn::cp16(sm + m * 16384 + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), static_cast<const __nv_bfloat16 *>(x) + at, in);
     }
-    if (p.st16)   /* S0 as the bf16 tile, into A as it is (32 KB) */
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int e = t2 + 256 * u;
-            gdn::cp16(sm + FS::A + 16 * e, reinterpret_cast<const char *>(S0) + 16 * e, true);
-        }
-    else
+    if (!p.st16)
 #pragma unroll 4
         for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
             const int k = e >> 5, q = e & 31;
             gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
         }
-    if (p.rec16) {   /* Tm, P: the record's bf16 tiles (TH, PH adjacent): 1024 pieces */
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int e = t2 + 256 * u;
-            gdn::cp16(sm + FS::TH + 16 * e, reinterpret_cast<const char *>(rec + R_TM) + 16 * e, true);
-        }
+    if (p.rec16) {
         gdn::cp_commit();
         return;
     }
@@ -320,15 +343,17 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
  * the rows while V and T form the gate's gradients; every read done). ---- */
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
- * < CC), GateTok's inputs (S's threads < CC), barrier F */
-template <int ROLE>
-__device__ __forceinline__ void chunk_start(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+ * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarrier (rows
+ * past c to zero where the TMA brought them), barrier F; probe(10) after
+ * the scalars, probe(11) after the mbarrier (the profile build) */
+template <int ROLE, typename Probe>
+__device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
-        fetch(p, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        fetch(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
         if (ROLE == 1 && tid < 128 + CC) {
             GateTok gk;
             gk.issue_t(p, rec, row0, c, w.j, tid - 128);
@@ -346,6 +371,16 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, char *sm, const Wa
             s.xs[t] = bt * gm * rk; s.us[t] = ek * rk; s.qs[t] = p.scale * gm * rq;
         }
         gdn::cp_wait_all();
+    }
+    probe(10);
+    if (fetch_tx(p, fm)) cfwd::mb_wait(sm + FS::MB, (uint32_t)((w.top - 1 - ci) & 1));
+    probe(11);
+    if constexpr (ROLE > 0) {
+        if (fm.on && c < CC)   /* a sequence's last chunk: the rows past it (another sequence's, or the TMA's zeros) to zero */
+            for (int x = tid - 128; x < (CC - c) * 64; x += 256) {
+                const int b = x / ((CC - c) * 8), y = x % ((CC - c) * 8);   /* b: the 64-column block of KR .. OR */
+                *reinterpret_cast<uint4 *>(sm + FS::KR + b * 8192 + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
         cfwd::fence_async_smem();
     }
     block_bar<ROLE>();   /* F */
@@ -421,7 +456,7 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
     } while (0)
 
 /* S: the state gradient */
-__device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w) {
+__device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int lane = tidx() & 31, wl = (tidx() >> 5) & 3, tq = f.tq;
     const auto rows = [&] { f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3; };   /* after each barrier (tidx) */
@@ -443,7 +478,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, char *sm, const Walk &w
     block_bar<0>();   /* every role's: A, B read (the first chunk's fetch may write A) */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
-        chunk_start<0>(p, sm, w, ci);
+        chunk_start<0>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
         const int c = w.cnt(ci);
@@ -598,14 +633,14 @@ __device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_sw1
 __device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_sw128(t + kk * 2048, 16384); }   /* S tiles, k rows */
 
 /* V: dU, dTm, dBv, Xq, dP, dQc; tmp, dA, KK */
-__device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w) {
+__device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
     block_bar<1>();   /* S has read dht from A, B */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
-        chunk_start<1>(p, sm, w, ci);
+        chunk_start<1>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
         const int c = w.cnt(ci);
@@ -829,14 +864,14 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, char *sm, const Walk &w
 }
 
 /* T: X, U, dKd, dBk, dKc */
-__device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w) {
+__device__ __forceinline__ void role_t(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
     block_bar<2>();   /* S has read dht from A, B */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
-        chunk_start<2>(p, sm, w, ci);
+        chunk_start<2>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
         const int c = w.cnt(ci);
@@ -953,7 +988,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, char *sm, const Walk &w
 }
 #undef PHASE_BAR
 
-__global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p) {
+__global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_constant__ FusedMaps fm) {
     extern __shared__ __align__(1024) char fsm_raw[];
     char *sm = fsm_raw + ((1024 - (saddr(fsm_raw) & 1023)) & 1023);
     Walk w;
@@ -963,16 +998,17 @@ __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p) {
     seq_range(p, w.n, &w.bos, &w.len);
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
+    if (threadIdx.x == 128) cfwd::mb_init(sm + FS::MB);   /* before the roles' first block barrier */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
     if (wg == 0) {
 
-        role_s(p, sm, w);
+        role_s(p, fm, sm, w);
     } else if (wg == 1) {
-        role_v(p, sm, w);
+        role_v(p, fm, sm, w);
     } else {
 
-        role_t(p, sm, w);
+        role_t(p, fm, sm, w);
     }
 }
 
@@ -1006,7 +1042,10 @@ void Fused::launch(const BwdArgs &p, cudaStream_t st) {
     at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, fused_kernel, p);
+    FusedMaps fm{};   /* host only, no stream work: capture-safe */
+    fm.on = cfwd::tile_map(&fm.k, p.k, true, p.ntok, p.H, 128, 64, true) && cfwd::tile_map(&fm.q, p.q, true, p.ntok, p.H, 128, 64, true) &&
+            cfwd::tile_map(&fm.v, p.v, true, p.ntok, p.HV, 128, 64, true) && cfwd::tile_map(&fm.o, p.dout, true, p.ntok, p.HV, 128, 64, true);
+    cudaLaunchKernelEx(&cfg, fused_kernel, p, fm);
 }
 
 }  // namespace cbwd

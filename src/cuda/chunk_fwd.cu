@@ -47,24 +47,11 @@
 
 namespace gdn {
 namespace cfwd {
-namespace {
-
-struct WsLayout { size_t recs, seg, total; };
-WsLayout ws_layout(const gdn_plan *pl, int sc) {
-    const gdn_config *c = &pl->c;
-    WsLayout l;
-    l.recs = (size_t)(c->B * c->T / CC + pl->N + 1) * c->HV * REC;
-    const size_t nseg = sc ? (size_t)(c->B * c->T / ((int64_t)CC * sc) + pl->N + 1) : 0;
-    l.seg = nseg * c->HV * (size_t)c->K * c->V * 4;   /* each of seg_s, seg_in; seg_p is K x K */
-    l.total = l.recs + 2 * l.seg + nseg * c->HV * (size_t)c->K * c->K * 4;
-    return l;
-}
-
 /* A tensor map for boxes of 64 rows x box columns of one head of a
  * token-major [rows][heads][cols] tensor of 16-bit elements (tma_rows); false
  * where the TMA cannot take it (unaligned base or row, no driver entry
  * point): cp.async then. Host only, no stream work: capture-safe. */
-bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box, bool sw128 = false) {
+bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box, bool sw128) {
     static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
     static bool tried = false;
     if (!tried) {
@@ -84,6 +71,19 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
                stride, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+namespace {
+
+struct WsLayout { size_t recs, seg, total; };
+WsLayout ws_layout(const gdn_plan *pl, int sc) {
+    const gdn_config *c = &pl->c;
+    WsLayout l;
+    l.recs = (size_t)(c->B * c->T / CC + pl->N + 1) * c->HV * REC;
+    const size_t nseg = sc ? (size_t)(c->B * c->T / ((int64_t)CC * sc) + pl->N + 1) : 0;
+    l.seg = nseg * c->HV * (size_t)c->K * c->V * 4;   /* each of seg_s, seg_in; seg_p is K x K */
+    l.total = l.recs + 2 * l.seg + nseg * c->HV * (size_t)c->K * c->K * 4;
+    return l;
 }
 
 /* part (context parallel, cp.cu): WHOLE; FRONT, the prep and pass 1 (the

@@ -410,6 +410,11 @@ __device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int 
 
 /* the tensor maps of q, k, v for the TMA (valid where ChunkArgs::tma is set) */
 struct TmaMaps { CUtensorMap q, k, v; };
+/* a tensor map for boxes of 64 rows x box columns of one head of a
+ * token-major [rows][heads][cols] 16-bit tensor (tma_rows; chunk_fwd.cu);
+ * false where the TMA cannot take it */
+__attribute__((visibility("hidden"))) bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box,
+                                                    bool sw128 = false);
 
 /* ---- the passes' host launchers. Each pass file defines its own and
  * instantiates them for the tiles launch_k (chunk_fwd.cu) dispatches to:
