@@ -357,10 +357,11 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
     const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
     if (fused && (e = Fused::attr()) != cudaSuccess) return e;
-    /* the records' Tm and P as the fused pass's bf16 tiles, and the forward
-     * states as its bf16 tiles, where it alone reads them and this call
-     * writes them (the split's first reverse sweep reads fp32 records; BACK
-     * reads FRONT's unless windowed) */
+    /* the records' Tm and P as the fused pass's bf16 tiles where it alone
+     * reads them and this call writes them (the split's first reverse sweep
+     * reads fp32 records; BACK reads FRONT's unless windowed); the forward
+     * states as its bf16 tiles wherever it runs (fwd_states' st16: every call
+     * writes its own states, and nothing else reads them then) */
     p.rec16 = fused && !wl.sc && (part == WHOLE || wl.rw);
     if (part != BACK && !wl.rw) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -412,7 +413,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
-        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, p.rec16);
+        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused);
         if (fs < 0) return cudaErrorLaunchFailure;
         p.st16 = fs == 2;
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
@@ -435,7 +436,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.rw = wl.rw;
             WLAP(-1);
             if (wl.rw) {   /* the window's forward states from its checkpoint, then its records */
-                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, p.rec16);
+                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused);
                 if (fs < 1) return cudaErrorLaunchFailure;
                 q.st16 = fs == 2;
                 WLAP(0);
