@@ -654,8 +654,9 @@ static void test_cuda_chunk_bwd(rng *r) {
                     .mis = fi >= 4, .split = fi == 5 ? 3 : 0};
         bwd_case(&tc, rng_u64(r));
     }
-    /* the fused pass (bf16, K = V = 128, G <= 2, aligned; its bf16 records and states) on whole sequences of
-     * several chunks: G = 1 with hard decays and no dht, G = 2 with v-first states and a last chunk of one token */
+    /* the fused pass (bf16, K = V = 128, G <= 4, aligned; its bf16 records and states) on whole sequences of
+     * several chunks: G = 1 with hard decays and no dht, G = 2 with v-first states and a last chunk of one token,
+     * G = 4 with v-first states and hard decays, and G = 4 on one sequence cut into three segments */
     if (!g_quick) {
         bcase a = {.B = 2, .T = 300, .H = 2, .HV = 2, .K = 128, .V = 128, .dt = GDN_BF16, .gdt = GDN_F32, .flags = L2 | BS,
                    .gmode = BG_HARD, .h0 = 1, .dht = 0, .dh0 = 1, .dtb = 1};
@@ -663,6 +664,12 @@ static void test_cuda_chunk_bwd(rng *r) {
         bcase b = {.B = 3, .T = 257, .H = 1, .HV = 2, .K = 128, .V = 128, .dt = GDN_BF16, .gdt = GDN_F32,
                    .flags = L2 | GF | BS | BN | VF, .gmode = BG_NORMAL, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
         bwd_case(&b, rng_u64(r));
+        bcase c = {.B = 2, .T = 300, .H = 1, .HV = 4, .K = 128, .V = 128, .dt = GDN_BF16, .gdt = GDN_F32,
+                   .flags = L2 | GF | BS | VF, .gmode = BG_HARD, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
+        bwd_case(&c, rng_u64(r));
+        bcase d = {.B = 1, .T = 2100, .H = 1, .HV = 4, .K = 128, .V = 128, .dt = GDN_BF16, .gdt = GDN_F32, .flags = L2 | GF | BS,
+                   .gmode = BG_NORMAL, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1, .split = 3};
+        bwd_case(&d, rng_u64(r));
     }
     /* sequences split into segments that both sweeps walk at once (bf16 / f16; f32 walks whole sequences):
      * forced counts, one long sequence and varlen with empty, short and long ones, and the automatic

@@ -53,7 +53,7 @@
  *               kept (window_chunks), and where the forward states come
  *               from the chunk forward's kernels only one window's states
  *               and records too.
- *   fused pass  bf16, K = V = 128, G <= 2 (chunk_bwd_fused.cu): the reverse
+ *   fused pass  bf16, K = V = 128, G <= 4 (chunk_bwd_fused.cu): the reverse
  *               sweep and the local stage as one kernel, one block per
  *               (sequence, value head) walking its chunks (a window's) in
  *               reverse with dS in registers, every chunk-local gradient
@@ -117,6 +117,15 @@ int64_t group_slots(const gdn_plan *pl) {
     return g < ns ? g : ns;
 }
 
+/* blocks of the chunk-local stage (or the fused pass) that run at once: one
+ * block an SM, in clusters of G where the stage takes them, and whole
+ * clusters fit only in a GPC's SMs (30 clusters of 4 on a 132-SM H100, not
+ * 33: a grid of 32 runs in two waves) */
+int64_t stage_at_once(const gdn_plan *pl) {
+    if (!use_local(pl->c.K) || !local_cluster(pl->c.K, pl->G) || pl->G <= 1) return sm_count();
+    return (int64_t)Fused::max_clusters(pl->G) * pl->G;
+}
+
 /* chunks per segment of the sequence split (chunk_bwd_split.cu), 0 = none:
  * bf16 / f16 (the segments' incoming states come from the forward's pass 1,
  * a tensor-core kernel), and only where the sweeps' blocks (sequence, value
@@ -128,7 +137,9 @@ int split_sc(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32 || pl->N * c->HV == 0) return 0;
     const int vt = c->dtype == GDN_BF16 && c->K == 128 && c->V % 128 == 0 ? 128 : VT;
-    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + vt - 1) / vt));
+    /* the segments' (sequence, value head) blocks as whole clusters of the
+     * stage after the sweep, in one wave: 120 at G = 4 on a 132-SM H100 */
+    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + vt - 1) / vt), stage_at_once(pl));
 }
 
 /* segments of the split's view: every sequence cut into pieces of sc chunks (an empty one is one segment) */
@@ -172,7 +183,7 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     for (int nw = 4; nw >= 2; nw /= 2) {
         const int64_t w1 = (maxch + nw - 1) / nw;
         if (w1 >= maxch || Ns * w1 * c->HV < 4096) continue;
-        const int64_t per = Ns * c->HV / pl->G, wave = sm_count() / pl->G;   /* clusters a chunk index, a wave */
+        const int64_t per = Ns * c->HV / pl->G, wave = stage_at_once(pl) / pl->G;   /* clusters a chunk index, a wave */
         int64_t best = w1, best_waves = INT64_MAX;
         for (int64_t wn = w1; wn < w1 + 8 && wn < maxch; wn++) {
             int64_t waves = 0;

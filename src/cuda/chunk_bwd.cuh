@@ -516,12 +516,14 @@ struct GDN_CBWD_HIDDEN SweepT {
 };
 /* chunk_bwd_fused.cu: the reverse sweep and the chunk-local stage in one
  * pass, one block per (sequence, value head) in clusters of the G value heads
- * of a q/k head, where it takes the shape (bf16, K = V = 128, G <= 2,
+ * of a q/k head, where it takes the shape (bf16, K = V = 128, G <= 4,
  * 16-byte aligned rows); it reads the records and forward states as the local
  * stage does and keeps no state gradient but the carried one (dht -> dh0) */
 struct GDN_CBWD_HIDDEN Fused {
     static bool takes(const BwdArgs &p);
     static cudaError_t attr();
+    /* clusters of g blocks of one block an SM that run at once (asked once a g; host only) */
+    static int max_clusters(int g);
     static void launch(const BwdArgs &p, cudaStream_t st);
 };
 /* chunk_bwd_grp.cu: one group of nsl slots (grp_kernel, then grp_qk_kernel);

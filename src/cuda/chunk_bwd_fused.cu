@@ -292,7 +292,7 @@ struct Walk {
  * scalars); most by the S warpgroup while V and T form the gate's
  * gradients, a warp a row at a time, four columns a lane (two rows at a
  * time spilled dS: slower, bench/NOTES.md v5.1) */
-constexpr int MAXG = 4;   /* the cluster's blocks read (Fused::takes G <= 2) */
+constexpr int MAXG = 4;   /* the cluster's blocks read (Fused::takes G <= 4) */
 /* a float4 of block b's shared memory at this block's shared address a */
 __device__ __forceinline__ float4 ld_rank(uint32_t a, int b) {
     uint32_t r;
@@ -1014,11 +1014,11 @@ __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_co
 
 }  // namespace
 
-/* G <= 2: measured faster than the two passes at G = 2 (qwen3next, varlen,
- * tp8_4k), slower at G = 4 (long1: four blocks of a cluster in step every
- * chunk; bench/NOTES.md v5) */
+/* G <= 4: measured faster than the two passes at G = 2 (qwen3next, varlen,
+ * tp8_4k) and at G = 4 where the split's clusters run in one wave (long1:
+ * -24 %; bench/NOTES.md v5.7) */
 bool Fused::takes(const BwdArgs &p) {
-    return p.dt == 1 && p.K == 128 && p.V == 128 && p.G <= 2 && al16(p.q) && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dq) &&
+    return p.dt == 1 && p.K == 128 && p.V == 128 && p.G <= 4 && al16(p.q) && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dq) &&
            al16(p.dk) && al16(p.dv);
 }
 cudaError_t Fused::attr() {
@@ -1027,6 +1027,29 @@ cudaError_t Fused::attr() {
     const cudaError_t e = cudaFuncSetAttribute(fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FS::bytes);
     if (e == cudaSuccess) done = true;
     return e;
+}
+int Fused::max_clusters(int g) {
+    static int known[9] = {0};
+    if (g < 1 || g > 8) return 0;
+    if (!known[g]) {
+        int n = 0;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        cfg.gridDim = dim3((unsigned)g);
+        cfg.blockDim = dim3(FT);
+        cfg.dynamicSmemBytes = (size_t)FS::bytes;
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)g;
+        at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (attr() != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, fused_kernel, &cfg) != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            n = sm_count() / g;
+        }
+        known[g] = n;
+    }
+    return known[g];
 }
 void Fused::launch(const BwdArgs &p, cudaStream_t st) {
     const unsigned blocks = (unsigned)(p.N * p.HV);

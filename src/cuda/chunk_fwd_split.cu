@@ -51,7 +51,7 @@ int bv_of(int K) { return K <= 128 ? 128 : 64; }
  * block) blocks would leave most SMs idle, or when asked (exec.seq_split) */
 int seg_chunks(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
-    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + bv_of(c->K) - 1) / bv_of(c->K)));
+    return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + bv_of(c->K) - 1) / bv_of(c->K)), sm_count());
 }
 
 void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st) {

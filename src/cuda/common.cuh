@@ -25,15 +25,17 @@ inline int sm_count() {
  * blocks (sequence x value head x column block) over chunks of 64 tokens;
  * 0 = no split: only where the blocks would leave most SMs idle (2 x blocks
  * <= SMs, 16 or more chunks) or when asked (exec.seq_split > 1; 1 = never).
- * The chunk forward and backward each pass their own block count. */
-inline int split_chunks(const gdn_plan *pl, int64_t blocks) {
+ * The chunk forward and backward each pass their own block count, and the
+ * blocks that run at once (the SMs, or fewer where the walk's blocks come in
+ * clusters: whole clusters must fit a GPC). */
+inline int split_chunks(const gdn_plan *pl, int64_t blocks, int64_t at_once) {
     const int64_t maxch = (pl->max_len + 63) / 64;
     int64_t want;
     if (pl->seq_split == 1 || maxch < 2) return 0;
     if (pl->seq_split > 1) want = pl->seq_split;
     else {
-        if (2 * blocks > sm_count() || maxch < 16) return 0;
-        want = sm_count() / blocks;
+        if (2 * blocks > at_once || maxch < 16) return 0;
+        want = at_once / blocks;
     }
     int64_t sc = (maxch + want - 1) / want;
     if (pl->seq_split == 0 && sc < 8) sc = 8;
