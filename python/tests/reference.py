@@ -18,8 +18,10 @@ def l2norm(x):
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None, qk_l2norm=False, gate_fused=False,
-                     A_log=None, dt_bias=None, beta_sigmoid=False, beta_negative=False, v_first=False):
-    """o [B,T,HV,V], ht [N,HV,K,V] (v-first: [N,HV,V,K]), in the dtype of the inputs (use float64)."""
+                     A_log=None, dt_bias=None, beta_sigmoid=False, beta_negative=False, v_first=False, terms=False):
+    """o [B,T,HV,V], ht [N,HV,K,V] (v-first: [N,HV,V,K]), in the dtype of the inputs (use float64);
+    terms: also o's terms2 [B,T,HV,V], the squared norm of the terms scale S[k,e] q_k summed into
+    each o element (DESIGN.md section 5, sums that cancel)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     G = HV // H
@@ -38,20 +40,24 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None, qk_
     else:
         c = [int(x) for x in cu_seqlens]
         spans = [(0, c[n], c[n + 1]) for n in range(len(c) - 1)]
-    pieces, hts = [], []
+    pieces, hts, tpieces = [], [], []
     for n, (b, t0, t1) in enumerate(spans):
         S = torch.zeros(HV, K, V, dtype=q.dtype, device=q.device)
         if h0 is not None:
             S = h0[n].transpose(-1, -2) if v_first else h0[n]
-        rows = []
+        rows, trows = [], []
         for t in range(t0, t1):
             S = S * g[b, t].exp()[:, None, None]
             u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t]))
             S = S + k[b, t][:, :, None] * u[:, None, :]
             rows.append(scale * torch.einsum("hkv,hk->hv", S, q[b, t]))
+            trows.append(scale * scale * torch.einsum("hkv,hk->hv", S * S, q[b, t] * q[b, t]))
         pieces.append(torch.stack(rows) if rows else q.new_zeros(0, HV, V))
+        tpieces.append(torch.stack(trows) if trows else q.new_zeros(0, HV, V))
         hts.append(S.transpose(-1, -2) if v_first else S)
     o = torch.cat(pieces)[None] if cu_seqlens is not None else torch.stack(pieces)
+    if terms:
+        return o, torch.stack(hts), torch.cat(tpieces)[None] if cu_seqlens is not None else torch.stack(tpieces)
     return o, torch.stack(hts)
 
 
@@ -81,11 +87,13 @@ def rms_norm_gated(x, z, weight, eps=1e-6, activation="swish"):
     return y * (F.silu(z) if activation in ("swish", "silu") else z.sigmoid())
 
 
-def qwen3next_layer(layer, x, cache=None, attention_mask=None, params=None):
+def qwen3next_layer(layer, x, cache=None, attention_mask=None, params=None, info=None):
     """The Qwen3-Next gated-delta-net layer's math on a module's parameters (float64, token by
     token): transformers' torch path written with the functions above. cache: dict with 'conv'
     [B, D, W] and 'rec' [B, HV, K, V], updated. params: float64 tensors by state_dict name, to
-    differentiate; default the layer's own, detached."""
+    differentiate; default the layer's own, detached. info: a dict that gets 'cancel' [B, T, HV],
+    each head's ||terms of o|| / ||o|| (>= 1): how far the rule's o cancelled against its terms,
+    which the gated RMSNorm then scales back to full size."""
     p = params if params is not None else {n: t.detach().double().cpu() for n, t in layer.state_dict().items()}
     x = x.double()
     if attention_mask is not None:
@@ -102,9 +110,12 @@ def qwen3next_layer(layer, x, cache=None, attention_mask=None, params=None):
     rec0 = cache.get("rec") if cache is not None else None
     y, conv_t = causal_conv1d(mixed, p["conv1d.weight"].squeeze(1), None, conv0, silu=True)
     q, k, v = torch.split(y, [H * K, H * K, HV * V], -1)
-    o, rec_t = gated_delta_rule(q.reshape(B, T, H, K), k.reshape(B, T, H, K), v.reshape(B, T, HV, V),
-                                a.reshape(B, T, HV), b.reshape(B, T, HV), h0=rec0, qk_l2norm=True, gate_fused=True,
-                                A_log=p["A_log"], dt_bias=p["dt_bias"], beta_sigmoid=True)
+    o, rec_t, o_t2 = gated_delta_rule(q.reshape(B, T, H, K), k.reshape(B, T, H, K), v.reshape(B, T, HV, V),
+                                      a.reshape(B, T, HV), b.reshape(B, T, HV), h0=rec0, qk_l2norm=True,
+                                      gate_fused=True, A_log=p["A_log"], dt_bias=p["dt_bias"], beta_sigmoid=True,
+                                      terms=True)
+    if info is not None:
+        info["cancel"] = (o_t2.sum(-1).sqrt() / o.norm(dim=-1).clamp_min(1e-300)).detach().clamp_min(1.0)
     if cache is not None:
         cache["conv"], cache["rec"] = conv_t, rec_t
     o = rms_norm_gated(o, z.reshape(B, T, HV, V), p["norm.weight"], layer.eps)

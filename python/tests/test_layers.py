@@ -12,6 +12,25 @@ from conftest import DEVICES, close, rel_err
 F32_FWD, F32_GRAD = 1e-5, 1e-4
 
 
+def layer_bound(info):
+    """The fp32 bound for a layer's output against the float64 layer. The rule's output o is a sum
+    that can cancel (DESIGN.md section 5): its bound holds against o's terms, and the layer's gated
+    RMSNorm then scales each (token, head) row of o to full size, so a row that cancelled to 1/c of
+    its terms carries c times its share of the error into the output; that share is one of the
+    n = B T HV rows, ~1/sqrt(n) of the output's norm. Measured over 300 seeds of the decode test
+    (2400 tokens): error <= 5.3e-7 c, ~1/7 of this bound; c capped at 100 sqrt(n) (the bound at most
+    1e-3: a wrong layer is off by far more)."""
+    c, n = info["cancel"].max().item(), info["cancel"].numel()
+    return F32_FWD * min(100.0, max(1.0, c / n ** 0.5))
+
+
+def layer_ref(layer, x, cache=None, attention_mask=None):
+    """The float64 layer's output and the bound for gdn's (layer_bound)."""
+    info = {}
+    out = ref.qwen3next_layer(layer, x, cache, attention_mask, info=info)
+    return out, layer_bound(info)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("varlen", [False, True])
 def test_conv1d(gen, device, varlen):
@@ -71,10 +90,10 @@ def test_layer_prefill_and_decode(gen, device):
     cache, rcache = gdn.GatedDeltaNetCache(), {}
     with torch.no_grad():
         y = layer(x[:, :T], cache=cache)
-        close("prefill", y, ref.qwen3next_layer(layer, x[:, :T].cpu(), rcache), F32_FWD)
+        close("prefill", y, *layer_ref(layer, x[:, :T].cpu(), rcache))
         for t in range(T, T + 8):   # token by token: the fused decode step
             y = layer(x[:, t:t + 1], cache=cache)
-            close(f"decode token {t}", y, ref.qwen3next_layer(layer, x[:, t:t + 1].cpu(), rcache), F32_FWD)
+            close(f"decode token {t}", y, *layer_ref(layer, x[:, t:t + 1].cpu(), rcache))
         close("recurrent state", cache.recurrent[0], rcache["rec"], F32_FWD)
 
 
@@ -85,13 +104,12 @@ def test_layer_attention_mask_and_varlen(gen, device):
     mask = torch.ones(2, 30, device=device)
     mask[1, :9] = 0   # left padding
     with torch.no_grad():
-        close("masked", layer(x, attention_mask=mask), ref.qwen3next_layer(layer, x.cpu(), None, mask.cpu()),
-              F32_FWD)
+        close("masked", layer(x, attention_mask=mask), *layer_ref(layer, x.cpu(), None, mask.cpu()))
         packed = torch.cat([x[0], x[1, 9:]])[None]
         cu = torch.tensor([0, 30, 51], device=device)
         y = layer(packed, cu_seqlens=cu)
-        close("varlen seq 0", y[:, :30], ref.qwen3next_layer(layer, x[:1].cpu()), F32_FWD)
-        close("varlen seq 1", y[:, 30:], ref.qwen3next_layer(layer, x[1:, 9:].cpu()), F32_FWD)
+        close("varlen seq 0", y[:, :30], *layer_ref(layer, x[:1].cpu()))
+        close("varlen seq 1", y[:, 30:], *layer_ref(layer, x[1:, 9:].cpu()))
 
 
 @pytest.mark.parametrize("device", DEVICES)
