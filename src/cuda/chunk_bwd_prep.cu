@@ -42,9 +42,11 @@ __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
  * (bf16, K = 128, 16-byte rows): q and k stay bf16 (the 128-byte swizzle,
  * by cp.async) and the two products are one wgmma batch of each warpgroup,
  * exact to fp32 accumulation as well ---- */
-/* shared memory before As, in floats: q, k rows in fp32 (Qs, Ks), or with
- * WG as bf16 at a 1024-byte aligned kq (then three blocks an SM, not two) */
-__host__ __device__ constexpr int prep_qk_floats(bool wg, int lk) { return wg ? (2 * CC * 128 * 2 + 1024) / 4 : 2 * CC * lk; }
+/* shared memory before As, in floats: q, k rows in fp32 (Qs, Ks); with WG
+ * q, k as bf16 at a 1024-byte aligned kq, and As, Ts over them once the
+ * products have read them (then gcd .. rk and the levels' sums M after:
+ * ~39 KB, four blocks an SM by the registers, not three by the shared memory) */
+__host__ __device__ constexpr int prep_qk_floats(bool wg, int lk) { return wg ? (1024 + 2 * CC * RS * 4) / 4 : 2 * CC * lk; }
 template <bool SPLIT, bool EX, bool WG>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     extern __shared__ __align__(16) float sm[];
@@ -54,8 +56,10 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     const int c = p.slot_c[slot];
     if (c == 0) return;
     const int64_t row0 = p.slot_row0[slot];
-    float *Qs = sm, *Ks = Qs + CC * lk, *As = sm + prep_qk_floats(WG, lk), *Ts = As + CC * RS;
-    double *gcd = reinterpret_cast<double *>(Ts + CC * RS);
+    /* WG: k, q rows raw at kq (k: [cols 0-63][cols 64-127] of 64 rows, then q), in Qs and Ks's place */
+    char *kq = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
+    float *Qs = sm, *Ks = Qs + CC * lk, *As = WG ? reinterpret_cast<float *>(kq) : sm + prep_qk_floats(false, lk), *Ts = As + CC * RS;
+    double *gcd = reinterpret_cast<double *>(WG ? sm + prep_qk_floats(true, lk) : Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
     float *rec = rec_at(p, n, slot, ci, j);
     BP_DECL;
@@ -66,8 +70,6 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     const int64_t at = (row0 + tid) * p.HV + j;
     const float graw = on && p.g ? gdn::ld(p.g, at, p.gdt) : 0.f, braw = on ? gdn::ld(p.beta, at, p.gdt) : 0.f;
     const float rqv = l2 ? p.rstd_q[(row0 + tid) * p.H + h] : 1.f, rkv = l2 ? p.rstd_k[(row0 + tid) * p.H + h] : 1.f;
-    /* WG: k, q rows raw at kq (k: [cols 0-63][cols 64-127] of 64 rows, then q), in Qs and Ks's place */
-    char *kq = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
     if (WG) {
         for (int e = tid; e < 2 * CC * 16; e += NT) {
             const int m = e >> 10, r = (e >> 4) & 63, c16 = e & 15;
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         }
         cfwd::wg_commit();
         cfwd::wg_wait<0>();
+        __syncthreads();   /* both products have read kq: As goes over it */
 #pragma unroll
         for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
      * substitution in registers, a half-warp per block and a lane per column
      * (no barrier per row); then T_ab = -T_aa sum_{b<=e<a} A_ae T_eb for
      * a - b = 1, 2, 3 (each level needs only lower ones), the sums M through
-     * Qs (free once P is stored); the blocks above the diagonal 0 */
+     * Qs (free once P is stored; with WG past rk); the blocks above the diagonal 0 */
     {
         for (int e = tid; e < CC * CC; e += NT) Ts[(e >> 6) * RS + (e & 63)] = 0.f;
         const int o = 16 * (tid >> 4), col = tid & 15;
@@ -174,22 +177,37 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
             for (int r = 0; r < 16; r++) Ts[(o + r) * RS + o + col] = x[r];
         __syncthreads();
         BP(2);
-        float *M = Qs;   /* [3][16][16] */
+        float *M = WG ? rk + CC : Qs;   /* [3][16][16] */
+        /* each thread a 2 x 2 tile of a block (rows i0, i0 + 1, columns j0,
+         * j0 + 1): half the shared-memory loads of a lane an element (the
+         * kernel is bound by them: ncu, L1 75 %); each element's sum in
+         * the order of the loop over ee, then q, as one lane an element */
+        const int bt = tid >> 6, i0 = 2 * ((tid >> 3) & 7), j0 = 2 * (tid & 7);
         for (int d = 1; d < 4; d++) {
-            const int nb = 4 - d;   /* blocks (a, b) = (b + d, b), b < nb */
-            for (int e = tid; e < nb * 256; e += NT) {
-                const int bb = e >> 8, i = (e >> 4) & 15, jj = e & 15, a = bb + d;
-                float acc = 0.f;
-                for (int ee = bb; ee < a; ee++)
-                    for (int q = 0; q < 16; q++) acc = fmaf(As[(16 * a + i) * RS + 16 * ee + q], Ts[(16 * ee + q) * RS + 16 * bb + jj], acc);
-                M[e] = acc;
+            const int nb = 4 - d, a = bt + d;   /* blocks (a, b) = (b + d, b), b < nb */
+            if (bt < nb) {
+                float m00 = 0.f, m01 = 0.f, m10 = 0.f, m11 = 0.f;
+                for (int ee = bt; ee < a; ee++)
+#pragma unroll
+                    for (int q = 0; q < 16; q++) {
+                        const float a0 = As[(16 * a + i0) * RS + 16 * ee + q], a1 = As[(16 * a + i0 + 1) * RS + 16 * ee + q];
+                        const float t0 = Ts[(16 * ee + q) * RS + 16 * bt + j0], t1 = Ts[(16 * ee + q) * RS + 16 * bt + j0 + 1];
+                        m00 = fmaf(a0, t0, m00); m01 = fmaf(a0, t1, m01); m10 = fmaf(a1, t0, m10); m11 = fmaf(a1, t1, m11);
+                    }
+                M[(bt << 8) + i0 * 16 + j0] = m00; M[(bt << 8) + i0 * 16 + j0 + 1] = m01;
+                M[(bt << 8) + (i0 + 1) * 16 + j0] = m10; M[(bt << 8) + (i0 + 1) * 16 + j0 + 1] = m11;
             }
             __syncthreads();
-            for (int e = tid; e < nb * 256; e += NT) {
-                const int bb = e >> 8, i = (e >> 4) & 15, jj = e & 15, a = bb + d;
-                float acc = 0.f;
-                for (int q = 0; q < 16; q++) acc = fmaf(Ts[(16 * a + i) * RS + 16 * a + q], M[(bb << 8) + q * 16 + jj], acc);
-                Ts[(16 * a + i) * RS + 16 * bb + jj] = -acc;
+            if (bt < nb) {
+                float m00 = 0.f, m01 = 0.f, m10 = 0.f, m11 = 0.f;
+#pragma unroll
+                for (int q = 0; q < 16; q++) {
+                    const float a0 = Ts[(16 * a + i0) * RS + 16 * a + q], a1 = Ts[(16 * a + i0 + 1) * RS + 16 * a + q];
+                    const float t0 = M[(bt << 8) + q * 16 + j0], t1 = M[(bt << 8) + q * 16 + j0 + 1];
+                    m00 = fmaf(a0, t0, m00); m01 = fmaf(a0, t1, m01); m10 = fmaf(a1, t0, m10); m11 = fmaf(a1, t1, m11);
+                }
+                Ts[(16 * a + i0) * RS + 16 * bt + j0] = -m00; Ts[(16 * a + i0) * RS + 16 * bt + j0 + 1] = -m01;
+                Ts[(16 * a + i0 + 1) * RS + 16 * bt + j0] = -m10; Ts[(16 * a + i0 + 1) * RS + 16 * bt + j0 + 1] = -m11;
             }
             __syncthreads();
         }
@@ -206,7 +224,10 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     BP_PRINT(slot == 0 && j == 0, "prep item: loads, gate | A, P | diagonal blocks | levels | Tm store", 5, 1);
 }
 
-int prep_smem(int K, bool wg) { return (prep_qk_floats(wg, ld4(k8(K))) + 2 * CC * RS + 2 * CC + 4 * CC) * (int)sizeof(float); }
+int prep_smem(int K, bool wg) {
+    return (wg ? prep_qk_floats(true, 0) + 2 * CC + 4 * CC + 3 * 256 : prep_qk_floats(false, ld4(k8(K))) + 2 * CC * RS + 2 * CC + 4 * CC) *
+           (int)sizeof(float);
+}
 
 }  // namespace
 

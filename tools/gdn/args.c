@@ -73,6 +73,8 @@ static void usage(FILE *f) {
 "  --warmup N         untimed runs before them (default 1)\n"
 "  --seed N           random inputs (default 1)\n"
 "  --quick            T=256 (unless --T is given), 1 rep, no warm-up\n"
+"  --hash             after timing chunk_fwd / chunk_fwd+bwd, print an FNV-1a\n"
+"                     hash of each full output (the same bits between builds)\n"
 "  --ops LIST         only these ops, comma-separated names from the list above\n"
 "                     (e.g. --ops decode_step,conv1d_fwd); default all\n"
 "output\n"
@@ -157,7 +159,7 @@ int parse_args(int argc, char **argv, opts *o) {
         }
         /* switches */
         static const char *switches[] = {"--help", "-h", "--no-l2norm", "--no-gate", "--no-beta-sigmoid",
-                                         "--v-first", "--json", "--quick"};
+                                         "--v-first", "--json", "--quick", "--hash"};
         int is_switch = 0;
         for (size_t s = 0; s < sizeof switches / sizeof *switches; s++)
             if (!strcmp(name, switches[s])) is_switch = 1;
@@ -170,6 +172,7 @@ int parse_args(int argc, char **argv, opts *o) {
             if (!strcmp(name, "--v-first")) o->flags |= GDN_STATE_V_FIRST;
             if (!strcmp(name, "--json")) o->json = 1;
             if (!strcmp(name, "--quick")) o->quick = 1;
+            if (!strcmp(name, "--hash")) o->hash = 1;
             continue;
         }
         static const char *valued[] = {"--B", "--T", "--H", "--HV", "--K", "--V", "--varlen", "--threads",

@@ -43,6 +43,7 @@ typedef struct opts {
     gdn_backend backend;
     int backend_set;
     int json, quick;
+    int hash;                   /* print an FNV-1a hash of each full output of the chunk ops */
     uint64_t seed;
     int decode_B;               /* rows of the decode step */
     unsigned ops;               /* bit op: run op */

@@ -32,6 +32,27 @@ static void progress(const char *what, double t0_ms) {
  * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
  */
 
+/* --hash: an FNV-1a hash of each full output of a chunk op (after its timed
+ * runs), so two builds can be checked for the same bits */
+static void print_hashes(int op, const call *c) {
+    const outputs *u = &c->out;
+    const sizes *z = &c->sz;
+    const size_t e = gdn_dtype_size(c->cfg.dtype), ge = gdn_dtype_size(c->cfg.gate_dtype), hv = (size_t)c->cfg.HV;
+    const struct { const char *name; const void *p; size_t bytes; } t[] = {
+        {"o", u->o, z->nv * e}, {"ht", u->ht, z->nst * 4}, {"dq", u->dq, z->nqk * e}, {"dk", u->dk, z->nqk * e},
+        {"dv", u->dv, z->nv * e}, {"dg", u->dg, z->ng * ge}, {"dbeta", u->dbeta, z->ng * ge},
+        {"dA_log", u->dA_log, hv * 4}, {"ddt_bias", u->ddt_bias, hv * 4}, {"dh0", u->dh0, z->nst * 4}};
+    const int n = op == OP_CHUNK_FWDBWD ? (int)(sizeof t / sizeof *t) : 2;
+    for (int i = 0; i < n; i++) {
+        unsigned char *h = xmalloc(t[i].bytes ? t[i].bytes : 1);
+        be->download(h, t[i].p, t[i].bytes);
+        uint64_t x = 1469598103934665603ull;
+        for (size_t b = 0; b < t[i].bytes; b++) x = (x ^ h[b]) * 1099511628211ull;
+        free(h);
+        printf("hash %s %s %016llx\n", op_name[op], t[i].name, (unsigned long long)x);
+    }
+}
+
 int main(int argc, char **argv) {
     opts o;
     const int prc = parse_args(argc, argv, &o);
@@ -203,6 +224,7 @@ int main(int argc, char **argv) {
             x->ok = isfinite(x->err) && x->err <= x->bound;
         }
         all_ok &= x->ok;
+        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD)) print_hashes(op, &full);
     }
 
     const double copy = be->id == GDN_BACKEND_CPU ? copy_gbps(threads) : NAN;
