@@ -67,7 +67,7 @@ constexpr int FT = 384;   /* threads: three warpgroups */
 struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
-    static constexpr int MB = SC + 512 + 16 * 256;   /* the fetch's mbarrier: in the scalars' spare array */
+    static constexpr int MB = SC + 512 + 16 * 256;   /* the fetch's two mbarriers (S0; the rest): in the scalars' spare array */
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     static constexpr int bytes = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4 + 1024;   /* + the base's alignment */
@@ -202,7 +202,7 @@ struct Sc {
         float *f = reinterpret_cast<float *>(gcd + CC);
         gam = f; bet = f + CC; rk = f + 2 * CC; rq = f + 3 * CC; ek = f + 4 * CC; xs = f + 5 * CC; us = f + 6 * CC; qs = f + 7 * CC;
         dgq = f + 8 * CC; dgk = f + 9 * CC; dbv = f + 10 * CC; dbk = f + 11 * CC; dba = f + 12 * CC; rl = f + 13 * CC;
-        row = f + 14 * CC; tot = f + 15 * CC; /* [16 * CC, 17 * CC): the fetch's mbarrier (FS::MB) */
+        row = f + 14 * CC; tot = f + 15 * CC; /* [16 * CC, 17 * CC): the fetch's mbarriers (FS::MB) */
         gt = f + FS::NF * CC; red = gt + GT_FLOATS;
     }
 };
@@ -221,29 +221,33 @@ struct FusedMaps {
  * fm.on), S0 in fp32 (k-first) into C and D (f32_at: 128 rows of 512
  * bytes, 16-byte pieces swizzled by the row), Tm and P from the record's
  * fp32, rounded to bf16 by the V and T warpgroups */
-__device__ __forceinline__ uint32_t fetch_tx(const BwdArgs &p, const FusedMaps &fm) {   /* the mbarrier's bytes a chunk */
-    return (fm.on ? 4 * 16384 : 0) + (p.st16 ? 32768 : 0) + (p.rec16 ? 16384 : 0);
-}
+/* the bytes a chunk of the two mbarriers: S0's tile on the first (FS::MB; S
+ * starts on it while the rest lands), the rows and Tm, P on the second */
+__device__ __forceinline__ uint32_t fetch_tx0(const BwdArgs &p) { return p.st16 ? 32768 : 0; }
+__device__ __forceinline__ uint32_t fetch_tx1(const BwdArgs &p, const FusedMaps &fm) { return (fm.on ? 4 * 16384 : 0) + (p.rec16 ? 16384 : 0); }
 __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
                                       const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
-    void *mb = sm + FS::MB;
-    if (t2 == 0 && fetch_tx(p, fm)) {
+    void *mb0 = sm + FS::MB, *mb = sm + FS::MB + 8;
+    if (t2 == 0 && (fetch_tx0(p) || fetch_tx1(p, fm))) {
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
-        cfwd::mb_expect(mb, fetch_tx(p, fm));
-        if (fm.on) {
+        if (p.st16) {   /* S0 first: S's first step needs it alone */
+            cfwd::mb_expect(mb0, fetch_tx0(p));
+            cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
+        }
+        if (fetch_tx1(p, fm)) cfwd::mb_expect(mb, fetch_tx1(p, fm));
+        if (fm.on) {   /* in the order P1 reads them: k, Tm and P, v, dO; q last */
             const int r = (int)row0;
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::KR + hb * 8192, &fm.k, 64 * hb, h, r, mb);
-#pragma unroll
-            for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::QR + hb * 8192, &fm.q, 64 * hb, h, r, mb);
+            if (p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::VR + hb * 8192, &fm.v, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::OR + hb * 8192, &fm.o, 64 * hb, j, r, mb);
-        }
-        if (p.st16) cfwd::bulk_copy(sm + FS::A, S0, 32768, mb);
-        if (p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::QR + hb * 8192, &fm.q, 64 * hb, h, r, mb);
+        } else if (p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
     }
 #pragma unroll 1
     for (int e = fm.on ? 4 * CC * 16 : t2; e < 4 * CC * 16; e += 256) {
@@ -343,9 +347,12 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
  * the rows while V and T form the gate's gradients; every read done). ---- */
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
- * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarrier (rows
+ * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
  * past c to zero where the TMA brought them), barrier F; probe(10) after
- * the scalars, probe(11) after the mbarrier (the profile build) */
+ * the scalars, probe(11) after the mbarriers (the profile build). With S0
+ * as the bf16 tile (st16) there is no barrier F: S waits for S0's
+ * mbarrier alone and forms S0 . dS and dS's tile while the rest lands, and
+ * the barrier after that step (S) is the chunk's first */
 template <int ROLE, typename Probe>
 __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
@@ -373,7 +380,10 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
         gdn::cp_wait_all();
     }
     probe(10);
-    if (fetch_tx(p, fm)) cfwd::mb_wait(sm + FS::MB, (uint32_t)((w.top - 1 - ci) & 1));
+    const uint32_t par = (uint32_t)((w.top - 1 - ci) & 1);
+    if (fetch_tx0(p)) cfwd::mb_wait(sm + FS::MB, par);
+    if (ROLE > 0 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB + 8, par);
+    if (ROLE == 0 && !p.st16 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB + 8, par);
     probe(11);
     if constexpr (ROLE > 0) {
         if (fm.on && c < CC)   /* a sequence's last chunk: the rows past it (another sequence's, or the TMA's zeros) to zero */
@@ -383,7 +393,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
             }
         cfwd::fence_async_smem();
     }
-    block_bar<ROLE>();   /* F */
+    if (!p.st16) block_bar<ROLE>();   /* F: S0 staged by V and T's cp.async */
 }
 
 /* the chunk's end for V and T: their dQc, dKc published (arrive), the gate's
@@ -536,6 +546,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, ch
         gdn::bar_named(3, 128);
         if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
         PHASE_BAR(0, 1);   /* S */
+        if (p.st16 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB + 8, (uint32_t)((w.top - 1 - ci) & 1));   /* done: V, T waited */
         PHASE_BAR(0, 2);   /* P1 */
         PHASE_BAR(0, 3);   /* P2 */
         /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
@@ -998,7 +1009,7 @@ __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_co
     seq_range(p, w.n, &w.bos, &w.len);
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
-    if (threadIdx.x == 128) cfwd::mb_init(sm + FS::MB);   /* before the roles' first block barrier */
+    if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB + 8); }   /* before the roles' first block barrier */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
     if (wg == 0) {
