@@ -44,7 +44,9 @@
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S)
  * The chunk's inputs come by the TMA where it takes them (fetch: one thread
- * issues the copies, every thread waits on the mbarrier FS::MB). */
+ * issues the copies on two mbarriers, S0's tile first: S starts on it). With
+ * the bf16 state tiles (st16) the gate's gradients of a chunk (V and T) run
+ * at the next chunk's start, while its inputs land. */
 #include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
@@ -293,8 +295,7 @@ struct Walk {
 /* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (B) and
  * dKc (A) in fp32: this block's rows [r per, (r + 1) per), summed in rank
  * order, through the L2 norm chain (the raw rows from QR, KR, rstd from the
- * scalars); most by the S warpgroup while V and T form the gate's
- * gradients, a warp a row at a time, four columns a lane (two rows at a
+ * scalars); a warp a row at a time, four columns a lane (two rows at a
  * time spilled dS: slower, bench/NOTES.md v5.1) */
 constexpr int MAXG = 4;   /* the cluster's blocks read (Fused::takes G <= 4) */
 /* a float4 of block b's shared memory at this block's shared address a */
@@ -314,9 +315,10 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
     const int t1 = t0 + per < c ? t0 + per : c, lane = tidx() & 31, col = 4 * lane;
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     const uint32_t sa = saddr(sm);
-    /* the rows' q / k items: S's four warps the first three quarters, V and
-     * T's eight the rest after the gate (the two sides then end together) */
-    const int n = 2 * (t1 - t0), ns = (3 * n) / 4;
+    /* the rows' q / k items: S's four warps the first third, V and T's eight
+     * the rest; without st16 S's the first three quarters, V and T's the rest
+     * after the gate (the two sides then end together) */
+    const int n = 2 * (t1 - t0), ns = p.st16 ? n / 3 : (3 * n) / 4;
     const int e0 = S_SIDE ? (tidx() >> 5) & 3 : ns + (tidx() >> 5) - 4, e1 = S_SIDE ? ns : n, es = S_SIDE ? 4 : 8;
 #pragma unroll 1
     for (int e = e0; e < e1; e += es) {
@@ -346,6 +348,15 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
  * P1, P2, P3, P4; then the cluster's two (dQc, dKc published: S then sums
  * the rows while V and T form the gate's gradients; every read done). ---- */
 
+/* gate_store of chunk ci by V and T (256 threads): dg, dbeta and the gate's
+ * partials from Rg (C), the scalars dgq, dbv, GateTok's gt, prefix sums in D */
+__device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+    const Sc s(sm);
+    const auto sync = [] { gdn::bar_named(BAR_G, 256); };
+    gate_store_t<float>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv, s.row,
+                        reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync);
+}
+
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
  * past c to zero where the TMA brought them), barrier F; probe(10) after
@@ -361,6 +372,10 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
         fetch(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        if (p.st16 && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
+            chunk_gate(p, sm, w, ci + 1);
+            gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
+        }
         if (ROLE == 1 && tid < 128 + CC) {
             GateTok gk;
             gk.issue_t(p, rec, row0, c, w.j, tid - 128);
@@ -396,15 +411,17 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     if (!p.st16) block_bar<ROLE>();   /* F: S0 staged by V and T's cp.async */
 }
 
-/* the chunk's end for V and T: their dQc, dKc published (arrive), the gate's
- * gradients while S sums the cluster's rows, then the cluster barrier that
- * frees A and B (S's end is in role_s) */
+/* the chunk's end for V and T: their dQc, dKc published (arrive), the
+ * gate's inputs completed (this block's own), the gate's gradients while S
+ * sums the cluster's rows (without st16; with it the gate runs at the next
+ * chunk's start under the fetch, and V and T take two thirds of the rows),
+ * then the cluster barrier that frees A and B (S's end is in role_s) */
 template <int ROLE, typename Probe>
 __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
-    const int64_t row0 = w.row0(ci), slot = w.sb + ci;
-    {   /* the gate while S sums the cluster's rows (its inputs this block's own) */
+    const int64_t row0 = w.row0(ci);
+    {
         cluster_arrive<ROLE>();
         probe(7);
         const int t = tid - 128;   /* 256 threads: V and T */
@@ -415,10 +432,10 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
             s.dbv[t] = t < c ? s.dbv[t] + s.dbk[t] + s.dba[t] : 0.f;
             if (t < c - 1) Rg[(c - 1) * CC + t] += s.ek[t] * s.rl[t];
         }
-        const auto sync = [] { gdn::bar_named(BAR_G, 256); };
-        sync();
-        gate_store_t<float>(p, slot, w.j, row0, c, s.gt, Rg, CC, s.dgq, s.dbv, s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), t,
-                            sync);
+        if (!p.st16) {
+            gdn::bar_named(BAR_G, 256);
+            chunk_gate(p, sm, w, ci);
+        }
         probe(9);
         cluster_wait<ROLE>();
         cluster_rows<false>(p, sm, row0, c, w.h);
@@ -871,6 +888,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, ch
         rows();
         FP(6);
     }
+    if (p.st16 && w.top > w.cb) chunk_gate(p, sm, w, w.cb);   /* the last chunk's */
     FP_PRINT("V", w.top - w.cb);
 }
 
@@ -995,6 +1013,7 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, const FusedMaps &fm, ch
         rows();
         FP(6);
     }
+    if (p.st16 && w.top > w.cb) chunk_gate(p, sm, w, w.cb);   /* the last chunk's */
     FP_PRINT("T", w.top - w.cb);
 }
 #undef PHASE_BAR
