@@ -84,6 +84,18 @@ static inline void gdn_bf16_store_v(uint16_t *p, gdn_av f) {
 #endif
 }
 
+/* the same, by a streaming store where st (p then 32-byte aligned, GDN_AVL 16 with AVX512-BF16) */
+static inline void gdn_bf16_store_stream_v(uint16_t *p, gdn_av f, int st) {
+#if defined(__AVX512BF16__) && GDN_AVL == 16
+    if (st) {
+        _mm256_stream_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)f));
+        return;
+    }
+#endif
+    (void)st;
+    gdn_bf16_store_v(p, f);
+}
+
 static inline gdn_av gdn_select_v(gdn_vi m, gdn_av a, gdn_av b) { return (gdn_av)((m & (gdn_vi)a) | (~m & (gdn_vi)b)); }
 
 /* x < lo ? lo : (x > hi ? hi : x) in each lane, NaN kept (as gdn_expf's
@@ -114,7 +126,8 @@ static inline gdn_av gdn_rint_v(gdn_av t) {
 
 static inline gdn_av gdn_expf_v(gdn_av x);
 /* silu and sigmoid of each lane, as gdn_silu_rows and gdn_sigmoidf */
-static inline gdn_av gdn_silu_v(gdn_av z) { return z / (1.f + gdn_expf_v(-z)); }
+static inline gdn_av gdn_expf_silu_v(gdn_av x);
+static inline gdn_av gdn_silu_v(gdn_av z) { return z / (1.f + gdn_expf_silu_v(-z)); }
 static inline gdn_av gdn_sigmoid_v(gdn_av z) { return 1.f / (1.f + gdn_expf_v(-z)); }
 
 /* gdn_expf of each lane */
@@ -132,6 +145,28 @@ static inline gdn_av gdn_expf_v(gdn_av x) {
     p = p * r + 1.0f;
     const gdn_av s = (gdn_av)((__builtin_convertvector(k, gdn_vi) + 127) << 23);
     return (gdn_av)(~under & (gdn_vi)(p * s));
+}
+
+/* gdn_expf_v where only 1 + exp(x) is used (SiLU, x = -z): below -87 the
+ * clamped exp(-87) ~ 1e-38 leaves 1 + exp(x) = 1, as the zero would, so no
+ * mask; 2^k applied by vscalefps (exact, as the product with the exact power
+ * of two). The same bits as z / (1 + gdn_expf(-z)), five instructions fewer */
+static inline gdn_av gdn_expf_silu_v(gdn_av x) {
+#if defined(__AVX512F__) && GDN_AVL == 16
+    const gdn_av xc = gdn_clamp_v(x, -87.0f, 88.0f);
+    const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
+    gdn_av r = k * -0.693145751953125f + xc;
+    r = k * -1.428606765330187e-06f + r;
+    gdn_av p = r * 1.3888889e-3f + 8.3333333e-3f;
+    p = p * r + 4.1666667e-2f;
+    p = p * r + 1.6666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
+#else
+    return gdn_expf_v(x);
+#endif
 }
 
 #endif

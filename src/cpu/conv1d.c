@@ -153,6 +153,34 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
     }
 }
 
+/* bf16 rows r < nr whose W taps are all inputs (x row r - W + 1 .. r, every
+ * channel, D a whole number of vectors), walked row by row over all D
+ * channels: z = bias + sum_w wT[w] x[r - W + 1 + w] in conv_rows_bf16's order
+ * (so the same bits), SiLU where asked, y stored (streaming where asked and y
+ * is 32-byte aligned). No row buffer: the taps' rows are the last W - 1 rows
+ * read (L1 / L2), and the walk is the memory's order (conv_rows_bf16's
+ * pieces of 16 tokens x 64 channels spent ~1/3 of the pass reloading their
+ * history rows, bench/NOTES.md CPU v18) */
+INLINE void conv_direct_bf16(const int W, int64_t nr, const uint16_t *restrict x, uint16_t *restrict y, int64_t D,
+                             const float *restrict wT, const float *restrict bias, const int silu, int stream) {
+    const int st = stream && ((uintptr_t)y & 31) == 0;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint16_t *xr = x + r * D;
+        uint16_t *yr = y + r * D;
+        for (int64_t c = 0; c < D; c += GDN_AVL) {
+            gdn_av acc, wv;
+            memcpy(&acc, bias + c, sizeof acc);
+            for (int w = 0; w < W; w++) {
+                memcpy(&wv, wT + w * D + c, sizeof wv);
+                acc += wv * gdn_bf16_load_v(xr + (int64_t)(w - (W - 1)) * D + c);
+            }
+            gdn_bf16_store_stream_v(yr + c, silu ? gdn_silu_v(acc) : acc, st);
+        }
+    }
+}
+static void conv_direct_bf16_any(int W, int64_t nr, const uint16_t *x, uint16_t *y, int64_t D, const float *wT, const float *bias,
+                                 int silu, int stream);
+
 /* the backward's first pass for bf16 rows i < nr of a full channel block:
  * x row i (x + i*D) into xb row W-1+i, z = bv + sum_w wt[w] xb[i+w] (conv_z's
  * order), dz = dy act'(z) (silu_grad_rows' form) into dzb row W-1+i, and dz
@@ -216,6 +244,12 @@ static void conv_z_any(int W, int nb, const float *xb, const float wt[WMAX][CB],
 static void conv_rows_bf16_any(int W, int nb, const uint16_t *x, uint16_t *y, int64_t D, float *xb, const float wt[WMAX][CB],
                                const float *bv, int silu, int stream) {
 #define CALL(w) (silu ? conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 1, stream) : conv_rows_bf16(w, nb, x, y, D, xb, wt, bv, 0, stream))
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+static void conv_direct_bf16_any(int W, int64_t nr, const uint16_t *x, uint16_t *y, int64_t D, const float *wT, const float *bias,
+                                 int silu, int stream) {
+#define CALL(w) (silu ? conv_direct_bf16(w, nr, x, y, D, wT, bias, 1, stream) : conv_direct_bf16(w, nr, x, y, D, wT, bias, 0, stream))
     W_SWITCH(W, CALL);
 #undef CALL
 }
@@ -302,6 +336,15 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
         block_weights(a->weight, a->bias, W, cb * CB, D - cb * CB < CB ? D - cb * CB : CB, (float(*)[CB])wb,
                       wb + WMAX * CB);
     }
+    /* bf16 rows of whole vectors: the weights by tap over all channels, then the bias
+     * (conv_direct_bf16, for every token past a sequence's first W - 1) */
+    const int direct = c->dtype == GDN_BF16 && D % GDN_AVL == 0;
+    float *wT = direct ? malloc(sizeof(float) * (size_t)(W + 1) * D) : NULL;
+    if (direct && !wT) { free(wall); return 1; }
+    for (int w = 0; direct && w < W; w++)
+        for (int d = 0; d < D; d++) wT[(int64_t)w * D + d] = a->weight[(int64_t)d * W + w];
+    for (int d = 0; direct && d < D; d++) wT[(int64_t)W * D + d] = a->bias ? a->bias[d] : 0.f;
+    const int stream = c->B * c->T * D * 2 >= GDN_STREAM_BYTES;
     /* chunks of tc rows (results do not depend on tc: no reductions); within
      * a chunk, SB tokens at a time across all channel blocks, so memory is
      * walked row by row */
@@ -319,8 +362,10 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
             int64_t n, bos, L;
             find_seq(c, N, g, &n, &bos, &L);
             const int64_t e = bos + L < g1 ? bos + L : g1;
-            for (int64_t tb = g - bos; tb < e - bos; tb += SB) {
-                const int64_t te = tb + SB < e - bos ? tb + SB : e - bos;
+            /* the sequence's tokens from td on by conv_direct_bf16 (their taps all inputs), the first W - 1 here */
+            const int64_t td = !direct ? e - bos : (g - bos > W - 1 ? g - bos : (W - 1 < e - bos ? W - 1 : e - bos));
+            for (int64_t tb = g - bos; tb < td; tb += SB) {
+                const int64_t te = tb + SB < td ? tb + SB : td;
                 /* the block's x rows PFS sub-blocks ahead (flattened rows, any sequence) */
                 const int64_t p0 = bos + te + (PFS - 1) * SB, p1 = p0 + SB < R ? p0 + SB : R;
                 for (int cb = 0; cb < ncb; cb++) {
@@ -330,12 +375,16 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
                               (const float(*)[CB])wb, wb + WMAX * CB, xb, z);
                 }
             }
+            if (td < e - bos)
+                conv_direct_bf16_any(W, e - bos - td, (const uint16_t *)a->x + (bos + td) * D, (uint16_t *)a->y + (bos + td) * D, D, wT,
+                                     wT + (int64_t)W * D, c->silu, stream);
             g = e;
         }
         gdn_stream_fence();   /* this thread's streaming stores ordered before the loop ends */
         gdn_ftz_end(m);
     }
     free(wall);
+    free(wT);
     if (!a->ht) return 0;
     /* after the convolution, and ascending in j: ht may be h0 itself (an
      * in-place state update): ht[j] reads h0[L+j], never an entry already written */

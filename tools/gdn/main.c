@@ -32,8 +32,8 @@ static void progress(const char *what, double t0_ms) {
  * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
  */
 
-/* --hash: an FNV-1a hash of each full output of a chunk op (after its timed
- * runs), so two builds can be checked for the same bits */
+/* --hash: an FNV-1a hash of each full output of a chunk op or conv1d_fwd
+ * (after its timed runs), so two builds can be checked for the same bits */
 static void print_hashes(int op, const call *c) {
     const outputs *u = &c->out;
     const sizes *z = &c->sz;
@@ -42,14 +42,19 @@ static void print_hashes(int op, const call *c) {
         {"o", u->o, z->nv * e}, {"ht", u->ht, z->nst * 4}, {"dq", u->dq, z->nqk * e}, {"dk", u->dk, z->nqk * e},
         {"dv", u->dv, z->nv * e}, {"dg", u->dg, z->ng * ge}, {"dbeta", u->dbeta, z->ng * ge},
         {"dA_log", u->dA_log, hv * 4}, {"ddt_bias", u->ddt_bias, hv * 4}, {"dh0", u->dh0, z->nst * 4}};
-    const int n = op == OP_CHUNK_FWDBWD ? (int)(sizeof t / sizeof *t) : 2;
+    const size_t nx = (size_t)(c->conv.B * c->conv.T) * c->conv.D, nst = (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W;
+    const struct { const char *name; const void *p; size_t bytes; } cv[] = {{"y", u->cv_y, nx * e}, {"ht", u->cv_ht, nst * 4}};
+    const int conv = op == OP_CONV_FWD, n = conv ? 2 : op == OP_CHUNK_FWDBWD ? (int)(sizeof t / sizeof *t) : 2;
     for (int i = 0; i < n; i++) {
-        unsigned char *h = xmalloc(t[i].bytes ? t[i].bytes : 1);
-        be->download(h, t[i].p, t[i].bytes);
+        const char *name = conv ? cv[i].name : t[i].name;
+        const void *p = conv ? cv[i].p : t[i].p;
+        const size_t bytes = conv ? cv[i].bytes : t[i].bytes;
+        unsigned char *h = xmalloc(bytes ? bytes : 1);
+        be->download(h, p, bytes);
         uint64_t x = 1469598103934665603ull;
-        for (size_t b = 0; b < t[i].bytes; b++) x = (x ^ h[b]) * 1099511628211ull;
+        for (size_t b = 0; b < bytes; b++) x = (x ^ h[b]) * 1099511628211ull;
         free(h);
-        printf("hash %s %s %016llx\n", op_name[op], t[i].name, (unsigned long long)x);
+        printf("hash %s %s %016llx\n", op_name[op], name, (unsigned long long)x);
     }
 }
 
@@ -224,7 +229,7 @@ int main(int argc, char **argv) {
             x->ok = isfinite(x->err) && x->err <= x->bound;
         }
         all_ok &= x->ok;
-        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD)) print_hashes(op, &full);
+        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD || op == OP_CONV_FWD)) print_hashes(op, &full);
     }
 
     const double copy = be->id == GDN_BACKEND_CPU ? copy_gbps(threads) : NAN;
