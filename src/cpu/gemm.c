@@ -222,6 +222,45 @@ float gdn_dot(const float *a, const float *b, int n) {
     return s;
 }
 
+void gdn_delta_rows4(float *s, int64_t ld, const float *k, const float *q, int K, float decay, float beta, const float *ve, float *o) {
+    if (K % VL) {   /* scalar tails: row by row (contracted as gdn_delta_row's, for the same bits) */
+        for (int r = 0; r < 4; r++) o[r] = gdn_delta_row(s + r * ld, k, q, K, decay, beta, ve[r]);
+        return;
+    }
+    vf a0[4], a1[4];
+    for (int r = 0; r < 4; r++) a0[r] = a1[r] = (vf){0};
+    int i = 0;   /* the dots, as gdn_dot */
+    for (; i + 2 * VL <= K; i += 2 * VL)
+        for (int r = 0; r < 4; r++) {
+            a0[r] += vload(s + r * ld + i) * vload(k + i);
+            a1[r] += vload(s + r * ld + i + VL) * vload(k + i + VL);
+        }
+    for (; i + VL <= K; i += VL)
+        for (int r = 0; r < 4; r++) a0[r] += vload(s + r * ld + i) * vload(k + i);
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int r = 0; r < 4; r++) a0[r] += a1[r];
+    for (int l = 0; l < VL; l++)
+        for (int r = 0; r < 4; r++) x[r] += a0[r][l];
+    vf uv[4], acc[4];
+    float u[4];
+    const vf dv = (vf){0} + decay;
+    for (int r = 0; r < 4; r++) {   /* the update and s.q, as gdn_delta_row */
+        u[r] = beta * (ve[r] - decay * x[r]);
+        uv[r] = (vf){0} + u[r];
+        acc[r] = (vf){0};
+    }
+    i = 0;
+    for (; i + VL <= K; i += VL)
+        for (int r = 0; r < 4; r++) {
+            const vf y = dv * vload(s + r * ld + i) + uv[r] * vload(k + i);
+            memcpy(s + r * ld + i, &y, sizeof y);
+            acc[r] += y * vload(q + i);
+        }
+    for (int r = 0; r < 4; r++) o[r] = 0.f;
+    for (int l = 0; l < VL; l++)
+        for (int r = 0; r < 4; r++) o[r] += acc[r][l];
+}
+
 float gdn_delta_row(float *s, const float *k, const float *q, int K, float decay, float beta, float ve) {
     const float u = beta * (ve - decay * gdn_dot(s, k, K));
     const vf dv = (vf){0} + decay, uv = (vf){0} + u;

@@ -46,6 +46,10 @@ float gdn_dot(const float *a, const float *b, int n);
  *     s = decay s;  u = beta (v_e - s.k);  s += u k;  returns s.q
  * (q is read after the update; the caller scales it) */
 float gdn_delta_row(float *s, const float *k, const float *q, int K, float decay, float beta, float ve);
+/* gdn_delta_row of four rows s + r ld (r < 4), values ve[r], results into
+ * o[r]: each row's sums in gdn_delta_row's order (the same bits), the rows'
+ * dependent lane sums interleaved (K a whole number of vectors; else row by row) */
+void gdn_delta_rows4(float *s, int64_t ld, const float *k, const float *q, int K, float decay, float beta, const float *ve, float *o);
 
 /* exp(x), ~2 ulp, written so that loops over it vectorise (libm's expf
  * does not without -ffast-math). Results below 2^-126 are 0; x is meant to

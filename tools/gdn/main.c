@@ -32,7 +32,7 @@ static void progress(const char *what, double t0_ms) {
  * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
  */
 
-/* --hash: an FNV-1a hash of each full output of a chunk op or conv1d_fwd
+/* --hash: an FNV-1a hash of each full output of a chunk op, recurrent_fwd or conv1d_fwd
  * (after its timed runs), so two builds can be checked for the same bits */
 static void print_hashes(int op, const call *c) {
     const outputs *u = &c->out;
@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
             x->ok = isfinite(x->err) && x->err <= x->bound;
         }
         all_ok &= x->ok;
-        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD || op == OP_CONV_FWD)) print_hashes(op, &full);
+        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD || op == OP_RECURRENT_FWD || op == OP_CONV_FWD)) print_hashes(op, &full);
     }
 
     const double copy = be->id == GDN_BACKEND_CPU ? copy_gbps(threads) : NAN;
