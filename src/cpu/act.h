@@ -130,9 +130,8 @@ static inline gdn_av gdn_expf_silu_v(gdn_av x);
 static inline gdn_av gdn_silu_v(gdn_av z) { return z / (1.f + gdn_expf_silu_v(-z)); }
 static inline gdn_av gdn_sigmoid_v(gdn_av z) { return 1.f / (1.f + gdn_expf_v(-z)); }
 
-/* gdn_expf of each lane */
-static inline gdn_av gdn_expf_v(gdn_av x) {
-    const gdn_vi under = x < -87.0f;
+/* exp(x) = p 2^k from x clamped to [-87, 88], as gdn_expf forms them */
+static inline gdn_av gdn_expf_poly_v(gdn_av x, gdn_av *kout) {
     const gdn_av xc = gdn_clamp_v(x, -87.0f, 88.0f);
     const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
     gdn_av r = k * -0.693145751953125f + xc;
@@ -143,6 +142,15 @@ static inline gdn_av gdn_expf_v(gdn_av x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+    *kout = k;
+    return p;
+}
+
+/* gdn_expf of each lane */
+static inline gdn_av gdn_expf_v(gdn_av x) {
+    const gdn_vi under = x < -87.0f;
+    gdn_av k;
+    const gdn_av p = gdn_expf_poly_v(x, &k);
     const gdn_av s = (gdn_av)((__builtin_convertvector(k, gdn_vi) + 127) << 23);
     return (gdn_av)(~under & (gdn_vi)(p * s));
 }
@@ -153,16 +161,8 @@ static inline gdn_av gdn_expf_v(gdn_av x) {
  * of two). The same bits as z / (1 + gdn_expf(-z)), five instructions fewer */
 static inline gdn_av gdn_expf_silu_v(gdn_av x) {
 #if defined(__AVX512F__) && GDN_AVL == 16
-    const gdn_av xc = gdn_clamp_v(x, -87.0f, 88.0f);
-    const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
-    gdn_av r = k * -0.693145751953125f + xc;
-    r = k * -1.428606765330187e-06f + r;
-    gdn_av p = r * 1.3888889e-3f + 8.3333333e-3f;
-    p = p * r + 4.1666667e-2f;
-    p = p * r + 1.6666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    gdn_av k;
+    const gdn_av p = gdn_expf_poly_v(x, &k);
     return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
 #else
     return gdn_expf_v(x);

@@ -13,14 +13,17 @@
  * contiguous channels (vectorised over the block) and walked token by token
  * through a small row buffer that carries the last W-1 inputs. The forward
  * threads over chunks of the flattened tokens (TC rows or fewer; no
- * reductions, so the chunking changes no bit) and walks a chunk SB tokens at
- * a time across all channel blocks, i.e. memory row by row, prefetching
- * each block's x rows PFS sub-blocks ahead (where x comes from memory
- * rather than L3, its rows 4 KiB apart otherwise wait on it); a bf16 row of a
- * full channel block goes in one pass (convert, convolve into an fp32 row,
- * then SiLU and rounding on cpu/act.h's vectors, store: conv_rows_bf16;
- * outputs of GDN_STREAM_BYTES or more by streaming stores, cpu/stream.h),
- * other rows through f32 row buffers. The backward
+ * reductions, so the chunking changes no bit). bf16 rows with D a whole
+ * number of vectors, past a sequence's first W - 1 tokens, go row by row
+ * over all channels with every tap read from x (conv_direct_bf16: no row
+ * buffer); the rest walks a chunk SB tokens at a time across all channel
+ * blocks, i.e. memory row by row, prefetching each block's x rows PFS
+ * sub-blocks ahead (where x comes from memory rather than L3, its rows
+ * 4 KiB apart otherwise wait on it); a bf16 row of a full channel block goes
+ * in one pass (convert, convolve into an fp32 row, then SiLU and rounding on
+ * cpu/act.h's vectors, store: conv_rows_bf16; outputs of GDN_STREAM_BYTES or
+ * more by streaming stores, cpu/stream.h), other rows through f32 row
+ * buffers. The backward
  * deals whole channel blocks to threads, each walking its blocks SBB tokens
  * at a time across them (rows again; twice the forward's SB, which halves
  * the sub-blocks' fixed cost), so every block's dweight / dbias is
