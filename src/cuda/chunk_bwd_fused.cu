@@ -69,7 +69,8 @@ constexpr int FT = 384;   /* threads: three warpgroups */
 struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
-    static constexpr int MB = SC + 512 + 16 * 256;   /* the fetch's two mbarriers (S0; the rest): in the scalars' spare array */
+    /* the fetch's two mbarriers, S0's tile and the rest: in the scalars' spare array */
+    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8;
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     static constexpr int bytes = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4 + 1024;   /* + the base's alignment */
@@ -215,22 +216,22 @@ struct FusedMaps {
     CUtensorMap k, q, v, o;
     int on;
 };
-/* the chunk's inputs through the TMA where it takes them, completing on the
- * mbarrier mb (one thread issues every copy): the rows of k, q (head h), v,
+/* the chunk's inputs through the TMA where it takes them (one thread issues
+ * every copy), S0's tile completing on FS::MB, the rest on FS::MB_R: the rows of k, q (head h), v,
  * dO (value head j) as two 64-column boxes each (fm.on), S0 as the bf16 tile
  * into A (st16) and Tm, P as the record's bf16 tiles (rec16) by bulk copies;
  * the rest by cp.async, one commit group (rows past c zero): the rows (not
  * fm.on), S0 in fp32 (k-first) into C and D (f32_at: 128 rows of 512
  * bytes, 16-byte pieces swizzled by the row), Tm and P from the record's
  * fp32, rounded to bf16 by the V and T warpgroups */
-/* the bytes a chunk of the two mbarriers: S0's tile on the first (FS::MB; S
- * starts on it while the rest lands), the rows and Tm, P on the second */
+/* the bytes a chunk of the two mbarriers: S0's tile on FS::MB (S starts on
+ * it while the rest lands), the rows and Tm, P on FS::MB_R */
 __device__ __forceinline__ uint32_t fetch_tx0(const BwdArgs &p) { return p.st16 ? 32768 : 0; }
 __device__ __forceinline__ uint32_t fetch_tx1(const BwdArgs &p, const FusedMaps &fm) { return (fm.on ? 4 * 16384 : 0) + (p.rec16 ? 16384 : 0); }
 __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
                                       const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
-    void *mb0 = sm + FS::MB, *mb = sm + FS::MB + 8;
+    void *mb0 = sm + FS::MB, *mb = sm + FS::MB_R;
     if (t2 == 0 && (fetch_tx0(p) || fetch_tx1(p, fm))) {
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
         if (p.st16) {   /* S0 first: S's first step needs it alone */
@@ -345,8 +346,9 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
 
 /* ---- the three roles. Each walks chunks [cb, top) from the last; the
  * block barriers a chunk, in order: F (inputs in), S (S0, dS stored),
- * P1, P2, P3, P4; then the cluster's two (dQc, dKc published: S then sums
- * the rows while V and T form the gate's gradients; every read done). ---- */
+ * P1, P2, P3, P4; then the cluster's two (dQc, dKc published: the three
+ * sum the rows, V and T after the gate's gradients where they are in the
+ * end; every read done). ---- */
 
 /* gate_store of chunk ci by V and T (256 threads): dg, dbeta and the gate's
  * partials from Rg (C), the scalars dgq, dbv, GateTok's gt, prefix sums in D */
@@ -397,8 +399,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     probe(10);
     const uint32_t par = (uint32_t)((w.top - 1 - ci) & 1);
     if (fetch_tx0(p)) cfwd::mb_wait(sm + FS::MB, par);
-    if (ROLE > 0 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB + 8, par);
-    if (ROLE == 0 && !p.st16 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB + 8, par);
+    if ((ROLE > 0 || !p.st16) && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB_R, par);   /* S with st16: after its step */
     probe(11);
     if constexpr (ROLE > 0) {
         if (fm.on && c < CC)   /* a sequence's last chunk: the rows past it (another sequence's, or the TMA's zeros) to zero */
@@ -563,7 +564,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, ch
         gdn::bar_named(3, 128);
         if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
         PHASE_BAR(0, 1);   /* S */
-        if (p.st16 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB + 8, (uint32_t)((w.top - 1 - ci) & 1));   /* done: V, T waited */
+        if (p.st16 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB_R, (uint32_t)((w.top - 1 - ci) & 1));   /* done: V, T waited */
         PHASE_BAR(0, 2);   /* P1 */
         PHASE_BAR(0, 3);   /* P2 */
         /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
@@ -1028,7 +1029,7 @@ __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_co
     seq_range(p, w.n, &w.bos, &w.len);
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
-    if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB + 8); }   /* before the roles' first block barrier */
+    if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB_R); }   /* before the roles' first block barrier */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
     if (wg == 0) {

@@ -38,23 +38,29 @@ static void print_hashes(int op, const call *c) {
     const outputs *u = &c->out;
     const sizes *z = &c->sz;
     const size_t e = gdn_dtype_size(c->cfg.dtype), ge = gdn_dtype_size(c->cfg.gate_dtype), hv = (size_t)c->cfg.HV;
-    const struct { const char *name; const void *p; size_t bytes; } t[] = {
-        {"o", u->o, z->nv * e}, {"ht", u->ht, z->nst * 4}, {"dq", u->dq, z->nqk * e}, {"dk", u->dk, z->nqk * e},
-        {"dv", u->dv, z->nv * e}, {"dg", u->dg, z->ng * ge}, {"dbeta", u->dbeta, z->ng * ge},
-        {"dA_log", u->dA_log, hv * 4}, {"ddt_bias", u->ddt_bias, hv * 4}, {"dh0", u->dh0, z->nst * 4}};
-    const size_t nx = (size_t)(c->conv.B * c->conv.T) * c->conv.D, nst = (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W;
-    const struct { const char *name; const void *p; size_t bytes; } cv[] = {{"y", u->cv_y, nx * e}, {"ht", u->cv_ht, nst * 4}};
-    const int conv = op == OP_CONV_FWD, n = conv ? 2 : op == OP_CHUNK_FWDBWD ? (int)(sizeof t / sizeof *t) : 2;
+    struct { const char *name; const void *p; size_t bytes; } t[10];
+    int n = 0;
+#define HASHED(nm, ptr, nb) do { t[n].name = nm; t[n].p = ptr; t[n].bytes = nb; n++; } while (0)
+    if (op == OP_CONV_FWD) {
+        HASHED("y", u->cv_y, (size_t)(c->conv.B * c->conv.T) * c->conv.D * e);
+        HASHED("ht", u->cv_ht, (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W * 4);
+    } else {   /* chunk_fwd, recurrent_fwd: o, ht; chunk_fwd+bwd also every gradient */
+        HASHED("o", u->o, z->nv * e);
+        HASHED("ht", u->ht, z->nst * 4);
+        if (op == OP_CHUNK_FWDBWD) {
+            HASHED("dq", u->dq, z->nqk * e); HASHED("dk", u->dk, z->nqk * e); HASHED("dv", u->dv, z->nv * e);
+            HASHED("dg", u->dg, z->ng * ge); HASHED("dbeta", u->dbeta, z->ng * ge); HASHED("dA_log", u->dA_log, hv * 4);
+            HASHED("ddt_bias", u->ddt_bias, hv * 4); HASHED("dh0", u->dh0, z->nst * 4);
+        }
+    }
+#undef HASHED
     for (int i = 0; i < n; i++) {
-        const char *name = conv ? cv[i].name : t[i].name;
-        const void *p = conv ? cv[i].p : t[i].p;
-        const size_t bytes = conv ? cv[i].bytes : t[i].bytes;
-        unsigned char *h = xmalloc(bytes ? bytes : 1);
-        be->download(h, p, bytes);
+        unsigned char *h = xmalloc(t[i].bytes ? t[i].bytes : 1);
+        be->download(h, t[i].p, t[i].bytes);
         uint64_t x = 1469598103934665603ull;
-        for (size_t b = 0; b < bytes; b++) x = (x ^ h[b]) * 1099511628211ull;
+        for (size_t b = 0; b < t[i].bytes; b++) x = (x ^ h[b]) * 1099511628211ull;
         free(h);
-        printf("hash %s %s %016llx\n", op_name[op], name, (unsigned long long)x);
+        printf("hash %s %s %016llx\n", op_name[op], t[i].name, (unsigned long long)x);
     }
 }
 
