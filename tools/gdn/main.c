@@ -32,8 +32,8 @@ static void progress(const char *what, double t0_ms) {
  * device memory for CUDA (built in with -DGDN_CLI_CUDA, linking cudart).
  */
 
-/* --hash: an FNV-1a hash of each full output of a chunk op, recurrent_fwd or conv1d_fwd
- * (after its timed runs), so two builds can be checked for the same bits */
+/* --hash: an FNV-1a hash of each full output of a chunk op, recurrent_fwd, conv1d_fwd or
+ * conv1d_bwd (after its timed runs), so two builds can be checked for the same bits */
 static void print_hashes(int op, const call *c) {
     const outputs *u = &c->out;
     const sizes *z = &c->sz;
@@ -44,6 +44,11 @@ static void print_hashes(int op, const call *c) {
     if (op == OP_CONV_FWD) {
         HASHED("y", u->cv_y, (size_t)(c->conv.B * c->conv.T) * c->conv.D * e);
         HASHED("ht", u->cv_ht, (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W * 4);
+    } else if (op == OP_CONV_BWD) {
+        HASHED("dx", u->cv_dx, (size_t)(c->conv.B * c->conv.T) * c->conv.D * e);
+        HASHED("dweight", u->cv_dw, (size_t)c->conv.D * c->conv.W * 4);
+        HASHED("dbias", u->cv_db, (size_t)c->conv.D * 4);
+        HASHED("dh0", u->cv_dh0, (size_t)gdn_conv1d_seqs(&c->conv) * c->conv.D * c->conv.W * 4);
     } else {   /* chunk_fwd, recurrent_fwd: o, ht; chunk_fwd+bwd also every gradient */
         HASHED("o", u->o, z->nv * e);
         HASHED("ht", u->ht, z->nst * 4);
@@ -235,7 +240,9 @@ int main(int argc, char **argv) {
             x->ok = isfinite(x->err) && x->err <= x->bound;
         }
         all_ok &= x->ok;
-        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD || op == OP_RECURRENT_FWD || op == OP_CONV_FWD)) print_hashes(op, &full);
+        if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD || op == OP_RECURRENT_FWD ||
+                                                    op == OP_CONV_FWD || op == OP_CONV_BWD))
+            print_hashes(op, &full);
     }
 
     const double copy = be->id == GDN_BACKEND_CPU ? copy_gbps(threads) : NAN;
