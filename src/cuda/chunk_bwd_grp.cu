@@ -213,9 +213,10 @@ __device__ void grp_beta(const BwdArgs &p, const Grp &G, const Item &it) {
  * read; LOWER_C writes 0 above the diagonal. The operands (global memory:
  * scratch, record, states) come through shared memory `sm` (mm_smem floats)
  * 64 columns of k at a time, each element read from global memory once,
- * four at a time where the rows allow (v4: 13% off d256's backward; the
- * group stage is bound by its scratch traffic, bench/NOTES.md).
- * Starts and ends with a barrier. */
+ * four at a time where the rows allow (v4: 13% off d256's backward), and
+ * rounded to tf32 there without SPLIT (each element once, not at each use);
+ * the products by warp_mma_s (A fragments by ldmatrix, B by scalar loads
+ * across k). Starts and ends with a barrier. */
 struct Mat { const float *p; int ld, t; };
 constexpr int MK = 64, MA = MK + 4;   /* k per stage; As [64][MA] is read along k */
 __host__ __device__ __forceinline__ int mm_lb(int N) { const int n = (N + 31) & ~31; return n + 8; }   /* Bs [MK][lb], read across k */
@@ -238,6 +239,9 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
     const int lb = mm_lb(N), nw = (N + 31) & ~31;
     float *As = sm, *Bs = sm + 64 * MA;
     float accr[4][4][4] = {};
+    const auto r4 = [](float4 v) {
+        return make_float4(gdn::tf32r_if<SPLIT>(v.x), gdn::tf32r_if<SPLIT>(v.y), gdn::tf32r_if<SPLIT>(v.z), gdn::tf32r_if<SPLIT>(v.w));
+    };
     /* the tiles by float4 along each operand's rows where every row starts on 16 bytes and M, N, Kd are
      * whole fours (then a float4 is wholly in or out of the product, masks aside) */
     const bool v4 = ((A.ld | B.ld | Kd | M | N) & 3) == 0 && !((reinterpret_cast<uintptr_t>(A.p) | reinterpret_cast<uintptr_t>(B.p)) & 15);
@@ -254,7 +258,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                         for (int c = 0; c < 4; c++) in |= mm_in(i, gq + c, M, Kd, tri) << c;
                         return in ? ld4_masked(A.p + (int64_t)i * A.ld + gq, in) : make_float4(0.f, 0.f, 0.f, 0.f);
                     },
-                    [&](int f, float4 v) { *reinterpret_cast<float4 *>(As + (f / (MK / 4)) * MA + 4 * (f % (MK / 4))) = v; });
+                    [&](int f, float4 v) { *reinterpret_cast<float4 *>(As + (f / (MK / 4)) * MA + 4 * (f % (MK / 4))) = r4(v); });
             else   /* rows gq, along i */
                 batched4<4>(
                     64 * MK / 4,
@@ -267,6 +271,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                     },
                     [&](int f, float4 v) {
                         const int q = f / 16, i = 4 * (f % 16);
+                        v = r4(v);
                         As[i * MA + q] = v.x; As[(i + 1) * MA + q] = v.y; As[(i + 2) * MA + q] = v.z; As[(i + 3) * MA + q] = v.w;
                     });
             if (!B.t)   /* rows gq, along n */
@@ -276,7 +281,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                         const int q = f / (nw / 4), n = 4 * (f % (nw / 4)), gq = kc + q;
                         return gq < Kd && n < N ? *reinterpret_cast<const float4 *>(B.p + (int64_t)gq * B.ld + n) : make_float4(0.f, 0.f, 0.f, 0.f);
                     },
-                    [&](int f, float4 v) { *reinterpret_cast<float4 *>(Bs + (f / (nw / 4)) * lb + 4 * (f % (nw / 4))) = v; });
+                    [&](int f, float4 v) { *reinterpret_cast<float4 *>(Bs + (f / (nw / 4)) * lb + 4 * (f % (nw / 4))) = r4(v); });
             else   /* rows n, along q */
                 batched4<4>(
                     MK * nw / 4,
@@ -286,6 +291,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                     },
                     [&](int f, float4 v) {
                         const int n = f / (MK / 4), q = 4 * (f % (MK / 4));
+                        v = r4(v);
                         Bs[q * lb + n] = v.x; Bs[(q + 1) * lb + n] = v.y; Bs[(q + 2) * lb + n] = v.z; Bs[(q + 3) * lb + n] = v.w;
                     });
         } else {
@@ -298,7 +304,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                 },
                 [&](int e, float v) {
                     const int i = A.t ? e % 64 : e / MK, q = A.t ? e / 64 : e % MK;
-                    As[i * MA + q] = v;
+                    As[i * MA + q] = gdn::tf32r_if<SPLIT>(v);
                 });
             batched(
                 MK * nw,
@@ -309,7 +315,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
                 },
                 [&](int e, float v) {
                     const int q = B.t ? e % MK : e / nw, n = B.t ? e / MK : e % nw;
-                    Bs[q * lb + n] = v;
+                    Bs[q * lb + n] = gdn::tf32r_if<SPLIT>(v);
                 });
         }
         __syncthreads();
@@ -317,13 +323,11 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
         for (int r = 0; r < 4; r++) {
             const int task = warp + 8 * r;
             if (task >= tasks) break;
-            const int i0 = (task / ntl) * 16, n0 = (task % ntl) * 32, nt = n8 - n0 / 8 < 4 ? n8 - n0 / 8 : 4;
+            const int i0 = (task / ntl) * 16, n0 = (task % ntl) * 32;   /* all four n tiles: Bs holds zeros past N */
             int k0 = 0, k1 = MK;
             if (tri & LOWER_A) k1 = i0 + 16 - kc < k1 ? i0 + 16 - kc : k1;
             if (tri & UPPER_A) k0 = i0 - kc > 0 ? i0 - kc : 0;
-            if (k0 < k1)
-                gdn::warp_mma<SPLIT>(accr[r], [&](int i, int q) { return As[i * MA + q]; },
-                                     [&](int q, int n) { return Bs[q * lb + n]; }, i0, n0, nt, k0, k1);
+            if (k0 < k1) gdn::warp_mma_s<SPLIT, false, true, 4>(accr[r], As, MA, Bs, lb, i0, n0, k0, k1);
         }
     }
 #pragma unroll
@@ -345,7 +349,7 @@ __device__ void mm(int M, int N, int Kd, float alpha, Mat A, Mat B, float *C, in
  * per-item scratch in global memory (the steps' operands are too many for
  * shared memory) */
 template <bool SPLIT>
-__global__ void __launch_bounds__(NT) grp_kernel(BwdArgs p, Grp G) {
+__global__ void __launch_bounds__(NT, 2) grp_kernel(BwdArgs p, Grp G) {   /* two blocks an SM (mm_smem) */
     extern __shared__ __align__(16) float sm[];   /* mm's tiles; then gate_store's prefix sums */
     __shared__ float red[32], row[CC];
     float *gt = sm + 2 * CC * (CC + 1);   /* gate_store's inputs past its prefix sums (grp_smem) */

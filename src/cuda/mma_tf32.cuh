@@ -1,19 +1,16 @@
 /* Block products of fp32 operands on the tensor cores (mma.sync m16n8k8 tf32),
  * for kernels whose tiles sit in shared memory in fp32: the chunk backward.
  *
- * warp_mma takes its operands through accessors a(i, k) and b(k, n), so one
- * routine serves every transpose and mask (the group stage, K > 128);
- * warp_mma_s and block_mm_s below take them as arrays, by ldmatrix where
- * they can (every other pass). The result goes to an epilogue epi(i, n, value).
+ * warp_mma_s and block_mm_s take their operands as arrays, by ldmatrix where
+ * they can; the result goes to an epilogue epi(i, n, value) (warp_store).
  * SPLIT runs each product as three tf32 products (3xTF32: hi*hi + hi*lo +
  * lo*hi, x = hi + lo with both halves tf32), which keeps fp32 accuracy (about
  * 2^-22 relative per product) for f32 inputs; without it one tf32 rounding
  * (2^-11) per operand, enough for bf16 / f16 inputs.
  *
- * warp_mma's fragment reads are scalar shared loads. For no bank conflicts an array read
- * along k in consecutive addresses (a(i,k) = X[i*ld + k], b(k,n) = X[n*ld + k])
- * wants ld = 4 mod 32; one read across k (a(i,k) = X[k*ld + i], b(k,n) =
- * X[k*ld + n]) wants ld = 8 mod 32. */
+ * Scalar fragment reads: for no bank conflicts an array read along k in
+ * consecutive addresses (X[i*ld + k]) wants ld = 4 mod 32; one read across
+ * k (X[k*ld + i]) wants ld = 8 mod 32. */
 #pragma once
 #include <stdint.h>
 #include "cuda/common.cuh"
@@ -34,39 +31,6 @@ __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* one warp: acc[j] += A[i0:i0+16, k0:k1] B[k0:k1, n0+8j : n0+8j+8] for the
- * j < nt (nt <= 4); k0, k1 multiples of 8. Accessors are called for
- * i < i0 + 16, k < k1, n < n0 + 8 nt only: the arrays must hold (zeros)
- * up to those bounds. acc[j][0..3] holds (g, 2t), (g, 2t+1), (g+8, 2t),
- * (g+8, 2t+1) of the 16 x 8 tile j, g = lane / 4, t = lane % 4. */
-template <bool SPLIT, typename FA, typename FB>
-__device__ __forceinline__ void warp_mma(float (&acc)[4][4], const FA &a, const FB &b, int i0, int n0, int nt, int k0, int k1) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll 2
-    for (int k = k0; k < k1; k += 8) {
-        float af[4] = {a(i0 + g, k + t), a(i0 + g + 8, k + t), a(i0 + g, k + t + 4), a(i0 + g + 8, k + t + 4)};
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            ah[r] = to_tf32(af[r]);
-            if (SPLIT) al[r] = to_tf32(af[r] - __uint_as_float(ah[r]));
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (j >= nt) break;
-            const int n = n0 + 8 * j + g;
-            const float b0 = b(k + t, n), b1 = b(k + t + 4, n);
-            const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
-            if (SPLIT) {
-                const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
-                mma_tf32(acc[j], al, bh0, bh1);
-                mma_tf32(acc[j], ah, bl0, bl1);
-            }
-            mma_tf32(acc[j], ah, bh0, bh1);
-        }
-    }
 }
 
 /* the epilogue of one warp tile: epi(i, n, v) for i < M, n < N */
@@ -90,9 +54,11 @@ struct full_k {
     __device__ __forceinline__ void operator()(int, int *, int *) const {}
 };
 
-/* ---- products fed from shared fp32 arrays by pointer, no accessors ----
+/* ---- products fed from shared fp32 arrays by pointer ----
  *
- * warp_mma_s is warp_mma with its operands given as arrays: A(i, k) =
+ * warp_mma_s: one warp, acc[j] += A[i0:i0+16, k0:k1] B[k0:k1, n0+8j :
+ * n0+8j+8] (acc[j][0..3] holds (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+ * of the 16 x 8 tile j, g = lane / 4, t = lane % 4), A(i, k) =
  * A[i*lda + k] (AT false: "row", fragments by one ldmatrix.x4 per k step) or
  * A[k*lda + i] (AT true: four scalar loads); B(k, n) = B[n*ldb + k] (BK
  * false: "NK", one ldmatrix.x4 per two n tiles) or B[k*ldb + n] (BK true:
@@ -104,8 +70,8 @@ struct full_k {
  * Without SPLIT the operands go to the tensor cores as they are: the unit
  * reads the top 19 bits of each word, so arrays meant for it should hold
  * values already rounded to tf32 (tf32r; otherwise they are truncated).
- * With SPLIT every fragment is cut into hi + lo (3xTF32) as in warp_mma,
- * but an operand marked exact (AX, BX: its values are tf32 already, as bf16
+ * With SPLIT every fragment is cut into hi + lo (3xTF32), each tile's lo
+ * products before its hi * hi, but an operand marked exact (AX, BX: its values are tf32 already, as bf16
  * and f16 inputs are) has no lo part, and its lo product is skipped (two
  * products instead of three). NT n tiles of 8 (2 or 4); k0, k1 multiples
  * of 8. */
