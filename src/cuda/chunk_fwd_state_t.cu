@@ -47,7 +47,7 @@ __device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256
 __device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
 
 /* ST: the backward's states mode (p.smode): each chunk's entering state
- * stored where p.states is not NULL, no o; CK: the forward storing the
+ * stored where p.states is not NULL; no q, P or o (X^T = S^T K^T alone); CK: the forward storing the
  * backward's checkpoints (p.ckpt). Separate instances, so the forward's code
  * is untouched */
 template <typename E, bool ST, bool CK>
@@ -83,11 +83,11 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         char *stg = sm + ((i - i0) & 1) * TStage::bytes;
         uint64_t *mb = full + ((i - i0) & 1);
         const int row0 = (int)(bos + (int64_t)i * CC);
-        mb_expect(mb, TStage::bytes - (pmode ? 16384 : 0));
+        mb_expect(mb, TStage::bytes - (pmode ? 16384 : 0) - (ST ? 16384 : 0));   /* ST: no q */
         tma_rows(stg + TStage::kq, &tm.k, 0, h, row0, mb);
-        tma_rows(stg + TStage::kq + 8192, &tm.q, 0, h, row0, mb);
+        if (!ST) tma_rows(stg + TStage::kq + 8192, &tm.q, 0, h, row0, mb);
         tma_rows(stg + TStage::kq + 16384, &tm.k, 64, h, row0, mb);
-        tma_rows(stg + TStage::kq + 24576, &tm.q, 64, h, row0, mb);
+        if (!ST) tma_rows(stg + TStage::kq + 24576, &tm.q, 64, h, row0, mb);
         if (!pmode) {
             tma_rows(stg + TStage::v, &tm.v, vcol0, j, row0, mb);
             tma_rows(stg + TStage::v + 8192, &tm.v, vcol0 + 64, j, row0, mb);
@@ -188,8 +188,9 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 gdn::bar_named(1, TT);
             }
 
-            /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T ---- */
-            float xo[64], pa[16];
+            /* ---- [X | O]^T = S^T [K; Q]^T and this warpgroup's 32 columns of P = Q K^T
+             * (ST: X^T = S^T K^T alone, the first 64 columns of the same B tile) ---- */
+            float xo[ST ? 32 : 64], pa[16];
             {
                 uint32_t sa[8][NS][4];
 #pragma unroll
@@ -199,13 +200,14 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
 #pragma unroll
                 for (int kk = 0; kk < 8; kk++) {
                     const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
-                    wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
-                    if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+                    wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                    if (M::split) wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][1], db, 1);
                 }
+                if constexpr (!ST)
 #pragma unroll
-                for (int kk = 0; kk < 8; kk++)
-                    wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
-                                    desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
+                    for (int kk = 0; kk < 8; kk++)
+                        wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
+                                        desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
                 wg_commit();
                 wg_pass(cg);
                 wg_wait<0>();
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
             }
             /* P (rows t of this warp, columns s of this warpgroup): masked, scaled, to shared memory */
-            {
+            if constexpr (!ST) {
                 const int t0 = wl * 16 + g, t1 = t0 + 8;
                 const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
                 const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
@@ -269,21 +271,24 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             TPROF(3);
             /* O^T = co Q S (per token), while U runs */
             float o[32];
+            if constexpr (!ST) {
 #pragma unroll
-            for (int a = 0; a < 8; a++) {
-                const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
-                o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
-                o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+                for (int a = 0; a < 8; a++) {
+                    const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+                    o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
+                    o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+                }
+                mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
             }
-            mb_wait(pfull + sl, par);   /* both warpgroups' halves of P are in */
             TPROF(4);
             wg_wait<0>();
             TPROF(5);
             /* ---- O^T += U^T P^T; S^T = exp(gL) S^T + (cu U)^T K ---- */
             {
                 uint32_t ua[4][4], ud[4][NS][4];
+                if constexpr (!ST)
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
+                    for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
 #pragma unroll
                 for (int a = 0; a < 8; a++) {
                     const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
@@ -296,9 +301,11 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 for (int x = 0; x < 64; x++) st[x] *= dl;
                 wg_fence();
                 wg_turn(cg);
+                if constexpr (!ST) {
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
-                wg_commit();
+                    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+                    wg_commit();
+                }
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
                     const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
@@ -311,16 +318,18 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 TPROF(6);
             }
             /* O rows of this chunk: transposed into shared memory, then 16 bytes a thread */
+            if constexpr (!ST) {
 #pragma unroll
-            for (int a = 0; a < 8; a += 2)
-                stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
-                       M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
-            gdn::bar_named(2 + cg, 128);
-            TPROF(7);
-            for (int x = tid & 127; x < (p.pass == 1 || ST ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
-                const int r = x >> 3, c8 = (x & 7) * 8;
-                *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
-                    *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
+                for (int a = 0; a < 8; a += 2)
+                    stsm4t(Os + (8 * (a + (lm >> 1)) + lr) * TSmem::LO + cg * 64 + wl * 16 + 8 * (lm & 1), M::pack(o[4 * a], o[4 * a + 1]),
+                           M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
+                gdn::bar_named(2 + cg, 128);
+                TPROF(7);
+                for (int x = tid & 127; x < (p.pass == 1 ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
+                    const int r = x >> 3, c8 = (x & 7) * 8;
+                    *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
+                        *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
+                }
             }
             wg_wait<0>();
             TPROF(8);
