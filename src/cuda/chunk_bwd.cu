@@ -24,7 +24,11 @@
  *   slot_info   per slot: first token row and length c (0 = no chunk)
  *   prep        per (slot, value head j): gate cumsum gc (double, as the
  *               CPU), exp(gc), beta, g, Tm = (I + A)^-1 by forward
- *               substitution and P into a record           (chunk_fwd.c prepare_head)
+ *               substitution and P into a record           (chunk_fwd.c prepare_head);
+               where they are the fused pass's bf16 tiles and the forward
+               states run on the whole call, the forward states' own prep
+               writes them instead (one prep for both walks: its T, the
+               gates, Q K^T once per q/k head; chunk_fwd_prep.cu brec)
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
  *               for bf16 / f16 inputs the chunk forward's state kernels
@@ -278,13 +282,16 @@ enum Part { WHOLE, FRONT, BACK };
  * where the states are windowed (wl.rw), window w's from its checkpoint
  * (ckpt_at; h0 for the first) into `states` at the window's places (or
  * nowhere: NULL) and the state after it into `ht` (or NULL); st16: as the
- * fused pass's bf16 tiles where the kernel can. 2: queued as tiles; 1:
- * queued; 0: nothing queued, fwd_sweep's job; -1: a launch failed */
+ * fused pass's bf16 tiles where the kernel can; brec (or NULL): the records
+ * from the forward's prep too (p.rec, rec16 and bf16, K = 128: prep's work).
+ * 2: queued as tiles; 1: queued; 0: nothing queued, fwd_sweep's job; -1: a
+ * launch failed */
 float *ckpt_at(const WsLayout &wl, char *ws, int64_t w, int HV, size_t kv) {
     return reinterpret_cast<float *>(ws + wl.ckpt) + (size_t)(w - 1) * wl.Ns * HV * kv;
 }
 int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st,
-               int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0, int st16 = 0) {
+               int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0, int st16 = 0,
+               float *brec = nullptr) {
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
@@ -296,7 +303,8 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
     if (w > 0) f.h0 = ckpt_at(wl, ws, w, p.HV, (size_t)p.K * p.V);
     f.ht = ht;
-    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st16, st);
+    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st16, brec,
+                                 st);
 }
 
 /* the tag of the forward's checkpoints of windows of wn chunks in saved */
@@ -374,7 +382,11 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
      * states as its bf16 tiles wherever it runs (fwd_states' st16: every call
      * writes its own states, and nothing else reads them then) */
     p.rec16 = fused && !wl.sc && (part == WHOLE || wl.rw);
-    if (part != BACK && !wl.rw) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time */
+    /* the records from the forward states' prep (one prep for both walks: its
+     * T and gates, and Q K^T) where they are the fused pass's bf16 tiles and
+     * the forward states run on the whole call (chunk_fwd_prep.cu) */
+    float *brec = p.rec16 && part == WHOLE && p.dt == 1 && K == 128 ? p.rec : nullptr;
+    if (part != BACK && !wl.rw && !brec) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time, or by fwd_states */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
         SPHASE(0);
@@ -424,8 +436,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
-        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused);
+        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused, brec);
         if (fs < 0) return cudaErrorLaunchFailure;
+        if (fs == 0 && brec) PrepPass<SPLIT>::launch(p, st);   /* not taken there: the records here */
         p.st16 = fs == 2;
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
         PHASE(2);
@@ -446,12 +459,12 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.dh0 = w == 0 ? p.dh0 : carry;
             q.rw = wl.rw;
             WLAP(-1);
-            if (wl.rw) {   /* the window's forward states from its checkpoint, then its records */
-                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused);
+            if (wl.rw) {   /* the window's forward states from its checkpoint, then its records (or with them: brec) */
+                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused, brec);
                 if (fs < 1) return cudaErrorLaunchFailure;
                 q.st16 = fs == 2;
                 WLAP(0);
-                PrepPass<SPLIT>::launch(q, st);
+                if (!brec) PrepPass<SPLIT>::launch(q, st);
             }
             WLAP(1);
             if (fused) {

@@ -165,6 +165,7 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.sc = sc;
     p.smode = 0;
     p.states = nullptr;
+    p.brec = nullptr;
     p.w0 = p.wn = 0;
     p.ckpt = nullptr;   /* gdn_cuda_chunk_fwd sets them where the backward's windows will read them */
     p.ckpt_wn = p.nck = 0;
@@ -224,7 +225,7 @@ extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl, int64_t wn) {
 }
 
 extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                                     const int *skip, int skip_val, int st16, void *stream) {
+                                     const int *skip, int skip_val, int st16, float *brec, void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
@@ -236,6 +237,8 @@ extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, 
     p.w0 = (int)w0; p.wn = (int)wn;
     p.skip = skip; p.skip_val = skip_val;
     p.st16 = st16;
+    p.brec = c->dtype == GDN_BF16 && c->K == 128 ? brec : nullptr;
+    if (brec && !p.brec) return 0;   /* the backward's records from this prep: bf16, K = 128 only */
     int tiles = 0;
     const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE, &tiles);
     if (e == cudaErrorNotSupported) return 0;

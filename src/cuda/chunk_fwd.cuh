@@ -44,6 +44,9 @@ struct ChunkArgs {
      * where that is not NULL, ht where that is not */
     int smode;
     float *states;
+    /* brec (the states mode, bf16, K = 128; else NULL): the prep writes the
+     * backward's records too, at rec_slot's place (chunk_fwd_prep.cu) */
+    float *brec;
     /* st16 (the transposed kernel, V = 128): each state rounded to bf16 in the
      * backward's fused-pass tile layout (s0_at), 32 KB, instead */
     int st16;

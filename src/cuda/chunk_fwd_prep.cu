@@ -1,16 +1,21 @@
 /* CUDA chunk forward, kernel 1 (the prep): per (sequence, chunk, q/k head)
  * the gates, the q and k rstd and T = (I + A)^-1 for each value head, left in
- * the workspace as the records the state kernels read (chunk_fwd.cuh); its
- * launcher. */
+ * the workspace as the records the state kernels read (chunk_fwd.cuh); for
+ * the backward's forward states (ChunkArgs::brec) also the backward's records
+ * of its fused pass (chunk_bwd.cuh: the gates, Tm and P as bf16 tiles), so the
+ * backward needs no prep of its own there; its launcher. */
 #include "cuda/chunk_fwd.cuh"
+#include "cuda/chunk_bwd.cuh"
 
 namespace gdn {
 namespace cfwd {
 namespace {
 
 /* gate, its cumsum inside the chunk and beta for value head j, rows past c
- * zero (so gc stays flat there); one warp, two tokens per lane */
-__device__ __forceinline__ void chunk_gate(const ChunkArgs &p, int64_t row0, int c, int j, float *gc, float *bt) {
+ * zero (so gc stays flat there); one warp, two tokens per lane. gd (or NULL):
+ * the cumsum in double as the backward's prep forms it, gg the gate itself */
+__device__ __forceinline__ void chunk_gate(const ChunkArgs &p, int64_t row0, int c, int j, float *gc, float *bt, double *gd = nullptr,
+                                           float *gg = nullptr) {
     const int lane = threadIdx.x & 31;
     const bool fused = (p.flags & GDN_GATE_FUSED) != 0;
     const float A = fused ? -expf(p.A_log[j]) : 0.f, bias = (fused && p.dt_bias) ? p.dt_bias[j] : 0.f;
@@ -36,6 +41,11 @@ __device__ __forceinline__ void chunk_gate(const ChunkArgs &p, int64_t row0, int
     }
     gc[2 * lane] = incl - g2[1]; gc[2 * lane + 1] = incl;
     bt[2 * lane] = b2[0]; bt[2 * lane + 1] = b2[1];
+    if (gd) {
+        const double a0 = g2[0], a1 = g2[1], ex = cbwd::warp_pair_scan(a0, a1);
+        gd[2 * lane] = ex + a0; gd[2 * lane + 1] = ex + a0 + a1;
+        gg[2 * lane] = g2[0]; gg[2 * lane + 1] = g2[1];
+    }
 }
 
 /* ---- kernel 1: per (sequence, chunk, q/k head), T = (I + A)^-1 for each
@@ -48,10 +58,11 @@ __device__ __forceinline__ void chunk_gate(const ChunkArgs &p, int64_t row0, int
 constexpr int PT = 128;   /* prep threads */
 constexpr float LOG2E = 1.4426950408889634f;
 
-template <int KT> struct PrepSmem {
+template <int KT, bool BR = false> struct PrepSmem {
     static constexpr int LK = KT + 8, KB = CC * LK * 2, AB = CC * AF * 4;
     static constexpr int k = 0, at0 = 0, at1 = KB > AB ? KB : AB, y = at1 + AB;   /* head 0's array over K */
-    static constexpr int f = y + 4 * 128 * 4, bytes = f + 6 * CC * 4;   /* gc[2], bt[2], rk, rq */
+    static constexpr int f = y + 4 * 128 * 4, gd = f + 6 * CC * 4;   /* gc[2], bt[2], rk, rq; then BR's gcd[2], g[2] */
+    static constexpr int bytes = gd + (BR ? 2 * CC * 12 : 0);
 };
 
 /* the lower 16 x 16 blocks (I, J) of K K^T dealt to the four warps: 3, 3, 2, 2 */
@@ -59,14 +70,16 @@ __device__ __forceinline__ int kkt_n(int w) { return w < 2 ? 3 : 2; }
 __device__ __forceinline__ int kkt_i(int w, int b) { return w == 0 ? (b > 0) : w == 1 ? 2 : 3; }
 __device__ __forceinline__ int kkt_j(int w, int b) { return w == 0 ? (b > 0 ? b - 1 : 0) : w == 3 ? 2 + b : b; }
 
-template <int KT, typename E>
-__global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
-    using S = PrepSmem<KT>;
+template <int KT, typename E, bool BR>
+__global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
+    using S = PrepSmem<KT, BR>;
     using M = mma_traits<E>;
     extern __shared__ __align__(16) char sm[];
     E *Ks = reinterpret_cast<E *>(sm + S::k);
     float *AT[2] = {reinterpret_cast<float *>(sm + S::at0), reinterpret_cast<float *>(sm + S::at1)};
     float *gcs = reinterpret_cast<float *>(sm + S::f), *bts = gcs + 2 * CC, *rk = bts + 2 * CC, *rq = rk + CC;
+    double *gds = BR ? reinterpret_cast<double *>(sm + S::gd) : nullptr;   /* BR: the heads' gcd, then their g */
+    float *ggs = BR ? reinterpret_cast<float *>(sm + S::gd + 2 * CC * 8) : nullptr;
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int i = blockIdx.x % maxch + p.w0, h = (blockIdx.x / maxch) % p.H, n = blockIdx.x / (maxch * p.H);
     if (walk_skipped(p)) return;   /* the backward's checkpoint walk, the forward's checkpoints there */
@@ -87,7 +100,9 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
         load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
     /* while they land: the first two heads' gates (warps 2, 3) */
-    if (w >= 2 && w - 2 < p.G) chunk_gate(p, row0, c, h * p.G + w - 2, gcs + (w - 2) * CC, bts + (w - 2) * CC);
+    if (w >= 2 && w - 2 < p.G)
+        chunk_gate(p, row0, c, h * p.G + w - 2, gcs + (w - 2) * CC, bts + (w - 2) * CC, BR ? gds + (w - 2) * CC : nullptr,
+                   BR ? ggs + (w - 2) * CC : nullptr);
     /* the q rstd, 8 lanes a row, warp w rows 16 w..: from shared memory, or (K = 256) global */
 #pragma unroll
     for (int r4 = 0; r4 < 4; r4++) {
@@ -145,6 +160,25 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
                 M::mma(acc[b][0], af, bf[0], bf[1]);
                 M::mma(acc[b][1], af, bf[2], bf[3]);
             }
+    /* BR: raw Q K^T on the same blocks (P of the backward's records), while q is in head 1's array */
+    float qk[BR ? 3 : 1][2][4];
+    if constexpr (BR) {
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) qk[b][0][e] = qk[b][1][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++)
+#pragma unroll
+            for (int b = 0; b < 3; b++)
+                if (b < nb) {
+                    uint32_t af[4], bf[4];
+                    ldsm4(af, frag_a(Qs, S::LK, kkt_i(w, b) * 16, kk * 16, lane));
+                    ldsm4(bf, frag_bn(Ks, S::LK, kkt_j(w, b) * 16, kk * 16, lane));
+                    M::mma(qk[b][0], af, bf[0], bf[1]);
+                    M::mma(qk[b][1], af, bf[2], bf[3]);
+                }
+    }
     /* the k rstd from the diagonal blocks' diagonal: |k_t|^2 */
 #pragma unroll
     for (int b = 0; b < 3; b++)
@@ -167,11 +201,24 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
             acc[b][hn][0] *= r0 * rs.x; acc[b][hn][1] *= r0 * rs.y; acc[b][hn][2] *= r1 * rs.x; acc[b][hn][3] *= r1 * rs.y;
         }
     }
+    if constexpr (BR)   /* (rq_t rk_s) (q_t . k_s), as the backward's prep groups it */
+#pragma unroll
+        for (int b = 0; b < 3; b++) {
+            const float r0 = rq[kkt_i(w, b) * 16 + g], r1 = rq[kkt_i(w, b) * 16 + g + 8];
+#pragma unroll
+            for (int hn = 0; hn < 2; hn++) {
+                const float2 rs = *reinterpret_cast<const float2 *>(rk + kkt_j(w, b) * 16 + hn * 8 + 2 * tq);
+                qk[b][hn][0] = (r0 * rs.x) * qk[b][hn][0]; qk[b][hn][1] = (r0 * rs.y) * qk[b][hn][1];
+                qk[b][hn][2] = (r1 * rs.x) * qk[b][hn][2]; qk[b][hn][3] = (r1 * rs.y) * qk[b][hn][3];
+            }
+        }
     float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
     for (int jb = 0; jb < p.G; jb += 2) {
         const int nh = p.G - jb < 2 ? p.G - jb : 2;
         if (jb > 0) {
-            if (w < nh) chunk_gate(p, row0, c, h * p.G + jb + w, gcs + w * CC, bts + w * CC);
+            if (w < nh)
+                chunk_gate(p, row0, c, h * p.G + jb + w, gcs + w * CC, bts + w * CC, BR ? gds + w * CC : nullptr,
+                           BR ? ggs + w * CC : nullptr);
             __syncthreads();
         }
         /* A = strict_tril(beta_t exp(gc_t - gc_s) (rk k)_t . (rk k)_s), zeros on and above the diagonal */
@@ -283,6 +330,37 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
             recf[F_CU * CC + t] = rkt * __expf(gc[CC - 1] - gt);
             recf[F_GL * CC + t] = gt * LOG2E;
         }
+        if constexpr (BR)   /* the backward's records of the pair (cbwd::prep_kernel's with rec16) */
+            for (int hh = 0; hh < nh; hh++) {
+                const float *A = AT[hh];
+                const double *gd = gds + hh * CC;
+                float *br = p.brec + (rec_slot(p, bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)cbwd::REC;
+                char *tile = reinterpret_cast<char *>(br + cbwd::R_TM);   /* Tm, then P 8 KB after it: bf16, swz */
+                if (tid < CC) {
+                    reinterpret_cast<double *>(br + cbwd::R_GCD)[tid] = gd[tid];
+                    br[cbwd::R_GAM + tid] = expf((float)gd[tid]);
+                    br[cbwd::R_BETA + tid] = bts[hh * CC + tid];
+                    br[cbwd::R_G + tid] = ggs[hh * CC + tid];
+                }
+                for (int e = tid; e < CC * CC / 2; e += PT) {   /* Tm = T (T[r][s] at A[s][r]); P's upper blocks zero */
+                    const int r = e >> 5, s = 2 * (e & 31);
+                    *reinterpret_cast<uint32_t *>(tile + swz(r, s)) =
+                        M::pack(s <= r ? A[s * AF + r] : 0.f, s + 1 <= r ? A[(s + 1) * AF + r] : 0.f);
+                    if ((s >> 4) > (r >> 4)) *reinterpret_cast<uint32_t *>(tile + 8192 + swz(r, s)) = 0u;
+                }
+#pragma unroll
+                for (int b = 0; b < 3; b++)   /* P_ts = (scale (rq_t rk_s) q_t . k_s) exp(gcd_t - gcd_s), s <= t < c */
+                    if (b < nb)
+#pragma unroll
+                        for (int hn = 0; hn < 2; hn++)
+#pragma unroll
+                            for (int hr = 0; hr < 2; hr++) {
+                                const int t = kkt_i(w, b) * 16 + g + 8 * hr, s = kkt_j(w, b) * 16 + hn * 8 + 2 * tq;
+                                const float v0 = s <= t && t < c ? (p.scale * qk[b][hn][2 * hr]) * cbwd::Ef(gd, t, s) : 0.f;
+                                const float v1 = s + 1 <= t && t < c ? (p.scale * qk[b][hn][2 * hr + 1]) * cbwd::Ef(gd, t, s + 1) : 0.f;
+                                *reinterpret_cast<uint32_t *>(tile + 8192 + swz(t, s)) = M::pack(v0, v1);
+                            }
+            }
         __syncthreads();
     }
 }
@@ -291,11 +369,22 @@ __global__ void __launch_bounds__(PT, KT > 128 ? 4 : 5) chunk_prep_kernel(ChunkA
 
 template <int KT, typename E> cudaError_t PrepPass<KT, E>::attr() {
     static bool done = false;
-    return smem_attr(chunk_prep_kernel<KT, E>, PrepSmem<KT>::bytes, &done);
+    const cudaError_t e = smem_attr(chunk_prep_kernel<KT, E, false>, PrepSmem<KT>::bytes, &done);
+    if constexpr (KT == 128 && mma_traits<E>::bf) {   /* the instance that writes brec */
+        static bool done_br = false;
+        if (e == cudaSuccess) return smem_attr(chunk_prep_kernel<KT, E, true>, PrepSmem<KT, true>::bytes, &done_br);
+    }
+    return e;
 }
 template <int KT, typename E>
 void PrepPass<KT, E>::launch(const ChunkArgs &p, int64_t N, int maxch, char *ws, cudaStream_t st) {
-    chunk_prep_kernel<KT, E><<<(unsigned)(N * p.H * maxch), PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
+    const unsigned blocks = (unsigned)(N * p.H * maxch);
+    if constexpr (KT == 128 && mma_traits<E>::bf)
+        if (p.brec) {   /* launch_k's caller asks for brec only with bf16, K = 128 */
+            chunk_prep_kernel<KT, E, true><<<blocks, PT, PrepSmem<KT, true>::bytes, st>>>(p, ws, maxch);
+            return;
+        }
+    chunk_prep_kernel<KT, E, false><<<blocks, PT, PrepSmem<KT>::bytes, st>>>(p, ws, maxch);
 }
 template struct PrepPass<64, __nv_bfloat16>;
 template struct PrepPass<128, __nv_bfloat16>;

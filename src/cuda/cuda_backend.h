@@ -69,12 +69,14 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
  * (written only where the window holds a chunk). skip (or NULL): where
  * *skip == skip_val nothing is walked (the forward's checkpoints are there).
  * st16: the states as bf16 where the transposed kernel takes V = 128 (the
- * fused backward pass's layout: chunk_fwd.cuh ChunkArgs::st16). 2: queued,
- * the states as bf16; 1: queued; 0: not this shape (nothing queued); -1: a
- * launch failed */
+ * fused backward pass's layout: chunk_fwd.cuh ChunkArgs::st16). brec (or
+ * NULL; bf16, K = 128): the prep writes the backward's records there too
+ * (chunk_bwd.cuh's, with Tm and P as bf16 tiles), at the states' places. 2:
+ * queued, the states as bf16; 1: queued; 0: not this shape (nothing queued);
+ * -1: a launch failed */
 size_t gdn_cuda_chunk_states_ws(const gdn_plan *p, int64_t wn);
 int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                          const int *skip, int skip_val, int st16, void *stream);
+                          const int *skip, int skip_val, int st16, float *brec, void *stream);
 /* the chunk backward's windows whose forward states start from checkpoints
  * (chunk_bwd.cu window_chunks): their count (0: none), *wn chunks each, and
  * the tag the forward's checkpoints of them carry in saved (gdn_saved_at) */
