@@ -25,10 +25,12 @@
  *   prep        per (slot, value head j): gate cumsum gc (double, as the
  *               CPU), exp(gc), beta, g, Tm = (I + A)^-1 by forward
  *               substitution and P into a record           (chunk_fwd.c prepare_head);
-               where they are the fused pass's bf16 tiles and the forward
-               states run on the whole call, the forward states' own prep
-               writes them instead (one prep for both walks: its T, the
-               gates, Q K^T once per q/k head; chunk_fwd_prep.cu brec)
+               on the whole call with bf16 and K = 128 the forward states'
+               own prep writes them instead (one prep for both walks: its
+               T, the gates, Q K^T once per q/k head; chunk_fwd_prep.cu
+               brec): the fused pass's bf16 tiles, or, with the split,
+               fp32 records by that prep alone before the split's first
+               reverse sweep (the states' walk after the folds)
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
  *               for bf16 / f16 inputs the chunk forward's state kernels
@@ -283,15 +285,16 @@ enum Part { WHOLE, FRONT, BACK };
  * (ckpt_at; h0 for the first) into `states` at the window's places (or
  * nowhere: NULL) and the state after it into `ht` (or NULL); st16: as the
  * fused pass's bf16 tiles where the kernel can; brec (or NULL): the records
- * from the forward's prep too (p.rec, rec16 and bf16, K = 128: prep's work).
- * 2: queued as tiles; 1: queued; 0: nothing queued, fwd_sweep's job; -1: a
+ * from the forward's prep too (p.rec; bf16, K = 128: prep's work), stage as
+ * gdn_cuda_chunk_states' (1: that prep alone, 2: the walk after it). 2:
+ * queued as tiles; 1: queued; 0: nothing queued, fwd_sweep's job; -1: a
  * launch failed */
 float *ckpt_at(const WsLayout &wl, char *ws, int64_t w, int HV, size_t kv) {
     return reinterpret_cast<float *>(ws + wl.ckpt) + (size_t)(w - 1) * wl.Ns * HV * kv;
 }
 int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st,
                int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0, int st16 = 0,
-               float *brec = nullptr) {
+               float *brec = nullptr, int stage = 0) {
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
@@ -304,7 +307,7 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     if (w > 0) f.h0 = ckpt_at(wl, ws, w, p.HV, (size_t)p.K * p.V);
     f.ht = ht;
     return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st16, brec,
-                                 st);
+                                 p.rec16, stage, st);
 }
 
 /* the tag of the forward's checkpoints of windows of wn chunks in saved */
@@ -383,9 +386,18 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
      * writes its own states, and nothing else reads them then) */
     p.rec16 = fused && !wl.sc && (part == WHOLE || wl.rw);
     /* the records from the forward states' prep (one prep for both walks: its
-     * T and gates, and Q K^T) where they are the fused pass's bf16 tiles and
-     * the forward states run on the whole call (chunk_fwd_prep.cu) */
-    float *brec = p.rec16 && part == WHOLE && p.dt == 1 && K == 128 ? p.rec : nullptr;
+     * T and gates, and Q K^T; chunk_fwd_prep.cu) on the whole call, bf16 with
+     * K = 128: as the fused pass's bf16 tiles, or with the split, where the
+     * first reverse sweep reads them before the states' walk, in fp32 by that
+     * prep alone here (stage 1; the walk after the split's folds, stage 2) */
+    float *brec = (p.rec16 || wl.sc) && part == WHOLE && p.dt == 1 && K == 128 ? p.rec : nullptr;
+    int fstage = 0;
+    if (brec && wl.sc) {
+        const int f1 = p.N > 0 ? fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, 0, brec, 1) : 0;
+        if (f1 < 0) return cudaErrorLaunchFailure;
+        if (f1 == 0) brec = nullptr;   /* not taken there: prep below */
+        fstage = 2;
+    }
     if (part != BACK && !wl.rw && !brec) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time, or by fwd_states */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (wl.sc) {   /* the segments' h0 and dht rows (chunk_bwd_split.cu) */
@@ -436,7 +448,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
-        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused, brec);
+        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused, brec, brec ? fstage : 0);
         if (fs < 0) return cudaErrorLaunchFailure;
         if (fs == 0 && brec) PrepPass<SPLIT>::launch(p, st);   /* not taken there: the records here */
         p.st16 = fs == 2;

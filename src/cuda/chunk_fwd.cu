@@ -88,8 +88,9 @@ WsLayout ws_layout(const gdn_plan *pl, int sc) {
 
 /* part (context parallel, cp.cu): WHOLE; FRONT, the prep and pass 1 (the
  * segments' maps: a map's work); BACK, the scan and pass 3 after a FRONT
- * over the same workspace */
-enum Part { WHOLE, FRONT, BACK };
+ * over the same workspace (without segments: the walk alone, after a PREP);
+ * PREP, the prep alone (gdn_cuda_chunk_states' stage 1) */
+enum Part { WHOLE, FRONT, BACK, PREP };
 template <int KT, int BV, typename E>
 cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cudaStream_t st, Part part, int *st16) {
     cudaError_t e = PrepPass<KT, E>::attr();
@@ -127,6 +128,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
         N * p.HV * (p.sc ? (int64_t)((maxch + p.sc - 1) / p.sc) * (p.nvb_v + (p.K + BV - 1) / BV) : p.nvb_v);
     if (N * p.H * maxch > INT32_MAX || walk_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
     if (maxch > 0 && part != BACK) PrepPass<KT, E>::launch(p, N, maxch, ws, st);
+    if (part == PREP) return cudaGetLastError();
     if (!p.sc) {
         p.pass = 0; p.maxseg = 1; p.nvb = p.nvb_v;
         e = walk(p, (unsigned)(N * p.HV * p.nvb));
@@ -166,6 +168,7 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.smode = 0;
     p.states = nullptr;
     p.brec = nullptr;
+    p.brec16 = 0;
     p.w0 = p.wn = 0;
     p.ckpt = nullptr;   /* gdn_cuda_chunk_fwd sets them where the backward's windows will read them */
     p.ckpt_wn = p.nck = 0;
@@ -225,7 +228,7 @@ extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl, int64_t wn) {
 }
 
 extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                                     const int *skip, int skip_val, int st16, float *brec, void *stream) {
+                                     const int *skip, int skip_val, int st16, float *brec, int brec16, int stage, void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
@@ -238,9 +241,10 @@ extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, 
     p.skip = skip; p.skip_val = skip_val;
     p.st16 = st16;
     p.brec = c->dtype == GDN_BF16 && c->K == 128 ? brec : nullptr;
+    p.brec16 = brec16;
     if (brec && !p.brec) return 0;   /* the backward's records from this prep: bf16, K = 128 only */
     int tiles = 0;
-    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE, &tiles);
+    const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, stage == 1 ? PREP : stage == 2 ? BACK : WHOLE, &tiles);
     if (e == cudaErrorNotSupported) return 0;
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk states launch: %s", cudaGetErrorString(e)), -1;
     return tiles ? 2 : 1;

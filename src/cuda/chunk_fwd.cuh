@@ -45,8 +45,10 @@ struct ChunkArgs {
     int smode;
     float *states;
     /* brec (the states mode, bf16, K = 128; else NULL): the prep writes the
-     * backward's records too, at rec_slot's place (chunk_fwd_prep.cu) */
+     * backward's records too, at rec_slot's place (chunk_fwd_prep.cu); Tm and
+     * P as the fused pass's bf16 tiles where brec16, else in fp32 */
     float *brec;
+    int brec16;
     /* st16 (the transposed kernel, V = 128): each state rounded to bf16 in the
      * backward's fused-pass tile layout (s0_at), 32 KB, instead */
     int st16;

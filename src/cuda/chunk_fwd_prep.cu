@@ -330,12 +330,12 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
             recf[F_CU * CC + t] = rkt * __expf(gc[CC - 1] - gt);
             recf[F_GL * CC + t] = gt * LOG2E;
         }
-        if constexpr (BR)   /* the backward's records of the pair (cbwd::prep_kernel's with rec16) */
+        if constexpr (BR)   /* the backward's records of the pair (cbwd::prep_kernel's; Tm and P as tiles or fp32) */
             for (int hh = 0; hh < nh; hh++) {
                 const float *A = AT[hh];
                 const double *gd = gds + hh * CC;
                 float *br = p.brec + (rec_slot(p, bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)cbwd::REC;
-                char *tile = reinterpret_cast<char *>(br + cbwd::R_TM);   /* Tm, then P 8 KB after it: bf16, swz */
+                char *tile = reinterpret_cast<char *>(br + cbwd::R_TM);   /* brec16: Tm, then P 8 KB after it: bf16, swz */
                 if (tid < CC) {
                     reinterpret_cast<double *>(br + cbwd::R_GCD)[tid] = gd[tid];
                     br[cbwd::R_GAM + tid] = expf((float)gd[tid]);
@@ -344,9 +344,15 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
                 }
                 for (int e = tid; e < CC * CC / 2; e += PT) {   /* Tm = T (T[r][s] at A[s][r]); P's upper blocks zero */
                     const int r = e >> 5, s = 2 * (e & 31);
-                    *reinterpret_cast<uint32_t *>(tile + swz(r, s)) =
-                        M::pack(s <= r ? A[s * AF + r] : 0.f, s + 1 <= r ? A[(s + 1) * AF + r] : 0.f);
-                    if ((s >> 4) > (r >> 4)) *reinterpret_cast<uint32_t *>(tile + 8192 + swz(r, s)) = 0u;
+                    const float t0 = s <= r ? A[s * AF + r] : 0.f, t1 = s + 1 <= r ? A[(s + 1) * AF + r] : 0.f;
+                    const bool up = (s >> 4) > (r >> 4);
+                    if (p.brec16) {
+                        *reinterpret_cast<uint32_t *>(tile + swz(r, s)) = M::pack(t0, t1);
+                        if (up) *reinterpret_cast<uint32_t *>(tile + 8192 + swz(r, s)) = 0u;
+                    } else {
+                        *reinterpret_cast<float2 *>(br + cbwd::R_TM + r * CC + s) = make_float2(t0, t1);
+                        if (up) *reinterpret_cast<float2 *>(br + cbwd::R_P + r * CC + s) = make_float2(0.f, 0.f);
+                    }
                 }
 #pragma unroll
                 for (int b = 0; b < 3; b++)   /* P_ts = (scale (rq_t rk_s) q_t . k_s) exp(gcd_t - gcd_s), s <= t < c */
@@ -358,7 +364,8 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
                                 const int t = kkt_i(w, b) * 16 + g + 8 * hr, s = kkt_j(w, b) * 16 + hn * 8 + 2 * tq;
                                 const float v0 = s <= t && t < c ? (p.scale * qk[b][hn][2 * hr]) * cbwd::Ef(gd, t, s) : 0.f;
                                 const float v1 = s + 1 <= t && t < c ? (p.scale * qk[b][hn][2 * hr + 1]) * cbwd::Ef(gd, t, s + 1) : 0.f;
-                                *reinterpret_cast<uint32_t *>(tile + 8192 + swz(t, s)) = M::pack(v0, v1);
+                                if (p.brec16) *reinterpret_cast<uint32_t *>(tile + 8192 + swz(t, s)) = M::pack(v0, v1);
+                                else *reinterpret_cast<float2 *>(br + cbwd::R_P + t * CC + s) = make_float2(v0, v1);
                             }
             }
         __syncthreads();

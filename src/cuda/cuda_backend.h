@@ -71,12 +71,14 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
  * st16: the states as bf16 where the transposed kernel takes V = 128 (the
  * fused backward pass's layout: chunk_fwd.cuh ChunkArgs::st16). brec (or
  * NULL; bf16, K = 128): the prep writes the backward's records there too
- * (chunk_bwd.cuh's, with Tm and P as bf16 tiles), at the states' places. 2:
+ * (chunk_bwd.cuh's; Tm and P as the fused pass's bf16 tiles where brec16,
+ * else fp32), at the states' places. stage 0: the prep and the walk; 1: the
+ * prep alone; 2: the walk alone, after a stage 1 over the same ws. 2:
  * queued, the states as bf16; 1: queued; 0: not this shape (nothing queued);
  * -1: a launch failed */
 size_t gdn_cuda_chunk_states_ws(const gdn_plan *p, int64_t wn);
 int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                          const int *skip, int skip_val, int st16, float *brec, void *stream);
+                          const int *skip, int skip_val, int st16, float *brec, int brec16, int stage, void *stream);
 /* the chunk backward's windows whose forward states start from checkpoints
  * (chunk_bwd.cu window_chunks): their count (0: none), *wn chunks each, and
  * the tag the forward's checkpoints of them carry in saved (gdn_saved_at) */
