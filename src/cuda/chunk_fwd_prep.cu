@@ -70,6 +70,28 @@ __device__ __forceinline__ int kkt_n(int w) { return w < 2 ? 3 : 2; }
 __device__ __forceinline__ int kkt_i(int w, int b) { return w == 0 ? (b > 0) : w == 1 ? 2 : 3; }
 __device__ __forceinline__ int kkt_j(int w, int b) { return w == 0 ? (b > 0 ? b - 1 : 0) : w == 3 ? 2 + b : b; }
 
+/* X K^T on warp w's lower blocks (kkt_n, kkt_i, kkt_j) into acc, X's and K's
+ * rows in shared memory ld elements apart (K K^T, and Q K^T for brec) */
+template <int KT, int LD, typename M, typename E>
+__device__ __forceinline__ void warp_xkt(float (&acc)[3][2][4], const E *X, const E *Ks, int w, int lane) {
+    const int nb = kkt_n(w);
+#pragma unroll
+    for (int b = 0; b < 3; b++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[b][0][e] = acc[b][1][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++)
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+            if (b < nb) {
+                uint32_t af[4], bf[4];
+                ldsm4(af, frag_a(X, LD, kkt_i(w, b) * 16, kk * 16, lane));
+                ldsm4(bf, frag_bn(Ks, LD, kkt_j(w, b) * 16, kk * 16, lane));
+                M::mma(acc[b][0], af, bf[0], bf[1]);
+                M::mma(acc[b][1], af, bf[2], bf[3]);
+            }
+}
+
 template <int KT, typename E, bool BR>
 __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
     using S = PrepSmem<KT, BR>;
@@ -145,40 +167,10 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
     /* raw K K^T on this warp's blocks, kept in registers across the heads */
     const int nb = kkt_n(w);
     float acc[3][2][4];
-#pragma unroll
-    for (int b = 0; b < 3; b++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[b][0][e] = acc[b][1][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++)
-#pragma unroll
-        for (int b = 0; b < 3; b++)
-            if (b < nb) {
-                uint32_t af[4], bf[4];
-                ldsm4(af, frag_a(Ks, S::LK, kkt_i(w, b) * 16, kk * 16, lane));
-                ldsm4(bf, frag_bn(Ks, S::LK, kkt_j(w, b) * 16, kk * 16, lane));
-                M::mma(acc[b][0], af, bf[0], bf[1]);
-                M::mma(acc[b][1], af, bf[2], bf[3]);
-            }
+    warp_xkt<KT, S::LK, M>(acc, Ks, Ks, w, lane);
     /* BR: raw Q K^T on the same blocks (P of the backward's records), while q is in head 1's array */
     float qk[BR ? 3 : 1][2][4];
-    if constexpr (BR) {
-#pragma unroll
-        for (int b = 0; b < 3; b++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) qk[b][0][e] = qk[b][1][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++)
-#pragma unroll
-            for (int b = 0; b < 3; b++)
-                if (b < nb) {
-                    uint32_t af[4], bf[4];
-                    ldsm4(af, frag_a(Qs, S::LK, kkt_i(w, b) * 16, kk * 16, lane));
-                    ldsm4(bf, frag_bn(Ks, S::LK, kkt_j(w, b) * 16, kk * 16, lane));
-                    M::mma(qk[b][0], af, bf[0], bf[1]);
-                    M::mma(qk[b][1], af, bf[2], bf[3]);
-                }
-    }
+    if constexpr (BR) warp_xkt<KT, S::LK, M>(qk, Qs, Ks, w, lane);
     /* the k rstd from the diagonal blocks' diagonal: |k_t|^2 */
 #pragma unroll
     for (int b = 0; b < 3; b++)
