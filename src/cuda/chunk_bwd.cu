@@ -25,12 +25,12 @@
  *   prep        per (slot, value head j): gate cumsum gc (double, as the
  *               CPU), exp(gc), beta, g, Tm = (I + A)^-1 by forward
  *               substitution and P into a record           (chunk_fwd.c prepare_head);
-               on the whole call with bf16 and K = 128 the forward states'
-               own prep writes them instead (one prep for both walks: its
-               T, the gates, Q K^T once per q/k head; chunk_fwd_prep.cu
-               brec): the fused pass's bf16 tiles, or, with the split,
-               fp32 records by that prep alone before the split's first
-               reverse sweep (the states' walk after the folds)
+ *               on the whole call with bf16 and K = 128 the forward states'
+ *               own prep writes them instead (one prep for both walks: its
+ *               T, the gates, Q K^T once per q/k head; chunk_fwd_prep.cu
+ *               brec): the fused pass's bf16 tiles, or, with the split,
+ *               fp32 records by that prep alone before the split's first
+ *               reverse sweep (the states' walk after the folds)
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
  *               for bf16 / f16 inputs the chunk forward's state kernels
@@ -396,7 +396,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         const int f1 = p.N > 0 ? fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, 0, brec, 1) : 0;
         if (f1 < 0) return cudaErrorLaunchFailure;
         if (f1 == 0) brec = nullptr;   /* not taken there: prep below */
-        fstage = 2;
+        else fstage = 2;
     }
     if (part != BACK && !wl.rw && !brec) PrepPass<SPLIT>::launch(p, st);   /* else a window at a time, or by fwd_states */
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -448,7 +448,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
-        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused, brec, brec ? fstage : 0);
+        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused, brec, fstage);
         if (fs < 0) return cudaErrorLaunchFailure;
         if (fs == 0 && brec) PrepPass<SPLIT>::launch(p, st);   /* not taken there: the records here */
         p.st16 = fs == 2;

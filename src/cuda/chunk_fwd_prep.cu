@@ -92,6 +92,20 @@ __device__ __forceinline__ void warp_xkt(float (&acc)[3][2][4], const E *X, cons
             }
 }
 
+/* warp_xkt's blocks scaled: acc_ts = (rr_t rc_s) acc_ts (row and column scales in shared memory) */
+__device__ __forceinline__ void warp_scale(float (&acc)[3][2][4], const float *rr, const float *rc, int w, int lane) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int b = 0; b < 3; b++) {
+        const float r0 = rr[kkt_i(w, b) * 16 + g], r1 = rr[kkt_i(w, b) * 16 + g + 8];
+#pragma unroll
+        for (int hn = 0; hn < 2; hn++) {
+            const float2 rs = *reinterpret_cast<const float2 *>(rc + kkt_j(w, b) * 16 + hn * 8 + 2 * tq);
+            acc[b][hn][0] *= r0 * rs.x; acc[b][hn][1] *= r0 * rs.y; acc[b][hn][2] *= r1 * rs.x; acc[b][hn][3] *= r1 * rs.y;
+        }
+    }
+}
+
 template <int KT, typename E, bool BR>
 __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
     using S = PrepSmem<KT, BR>;
@@ -184,26 +198,8 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
                     if (p.rstd_k && t < c) p.rstd_k[(row0 + t) * p.H + h] = rs;
                 }
     __syncthreads();   /* rk in; K dead (head 0's array lies over it) */
-#pragma unroll
-    for (int b = 0; b < 3; b++) {
-        const float r0 = rk[kkt_i(w, b) * 16 + g], r1 = rk[kkt_i(w, b) * 16 + g + 8];
-#pragma unroll
-        for (int hn = 0; hn < 2; hn++) {
-            const float2 rs = *reinterpret_cast<const float2 *>(rk + kkt_j(w, b) * 16 + hn * 8 + 2 * tq);
-            acc[b][hn][0] *= r0 * rs.x; acc[b][hn][1] *= r0 * rs.y; acc[b][hn][2] *= r1 * rs.x; acc[b][hn][3] *= r1 * rs.y;
-        }
-    }
-    if constexpr (BR)   /* (rq_t rk_s) (q_t . k_s), as the backward's prep groups it */
-#pragma unroll
-        for (int b = 0; b < 3; b++) {
-            const float r0 = rq[kkt_i(w, b) * 16 + g], r1 = rq[kkt_i(w, b) * 16 + g + 8];
-#pragma unroll
-            for (int hn = 0; hn < 2; hn++) {
-                const float2 rs = *reinterpret_cast<const float2 *>(rk + kkt_j(w, b) * 16 + hn * 8 + 2 * tq);
-                qk[b][hn][0] = (r0 * rs.x) * qk[b][hn][0]; qk[b][hn][1] = (r0 * rs.y) * qk[b][hn][1];
-                qk[b][hn][2] = (r1 * rs.x) * qk[b][hn][2]; qk[b][hn][3] = (r1 * rs.y) * qk[b][hn][3];
-            }
-        }
+    warp_scale(acc, rk, rk, w, lane);
+    if constexpr (BR) warp_scale(qk, rq, rk, w, lane);   /* (rq_t rk_s) (q_t . k_s), as the backward's prep groups it */
     float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
     for (int jb = 0; jb < p.G; jb += 2) {
         const int nh = p.G - jb < 2 ? p.G - jb : 2;
