@@ -412,6 +412,23 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     if (!p.st16) block_bar<ROLE>();   /* F: S0 staged by V and T's cp.async */
 }
 
+/* The clusters' chunks out of step. Every block does the same work a chunk,
+ * so all would fetch their chunk's ~112 KB at once: a card-wide burst that
+ * every role waits on (bench/NOTES.md v5.5). Before its second chunk's fetch
+ * V waits (r mod STAGGER) / STAGGER of the first chunk's time, r the
+ * block's cluster, so STAGGER groups of clusters fetch in turn: once a
+ * walk, at most (STAGGER - 1) / STAGGER of a chunk, measured on the block's
+ * own chunk (bench/NOTES.md v5.15). V's fetch leads: S and T wait for its
+ * bytes. */
+constexpr int STAGGER = 6;
+__device__ __forceinline__ void stagger(const BwdArgs &p, const Walk &w, int64_t ci, long long &t1) {
+    if (ci == w.top - 1) t1 = clock64();
+    else if (ci == w.top - 2) {
+        const long long now = clock64(), until = now + (now - t1) * (long long)((blockIdx.x / p.G) % STAGGER) / STAGGER;
+        while (clock64() < until) { }
+    }
+}
+
 /* the chunk's end for V and T: their dQc, dKc published (arrive), the
  * gate's inputs completed (this block's own), the gate's gradients while S
  * sums the cluster's rows (without st16; with it the gate runs at the next
@@ -668,7 +685,9 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, ch
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
     block_bar<1>();   /* S has read dht from A, B */
     FP_DECL;
+    long long t1 = 0;   /* the first chunk's start (stagger) */
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
+        stagger(p, w, ci, t1);
         chunk_start<1>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
