@@ -15,13 +15,14 @@
  *     with q, k raw and the scaled dO, dBv as hi + lo (all from shared
  *     memory: A operands from registers cost the 128 a wgmma pipeline).
  *   V (warpgroup 1): dU = diag(ek rk) K dS + P^T dO, dTm = dU X^T,
- *     dBv = Tm^T dU (dv, dbeta's dBv . v), Xq = dO S0^T (dQc, the gate's
- *     q . Xq), dP = dO U^T (the pair terms, dP~), dQc += dP~ K, then
- *     tmp = dTm Tm^T, dA = -Tm^T tmp, KK = K K^T: the gate's pairs and
- *     dbeta's terms, and dKK + dKK^T for the T side.
+ *     dBv = Tm^T dU (dv, dbeta's dBv . v), dP = dO U^T (the pair terms,
+ *     dP~), dQc += dP~ K (onto T's part), then tmp = dTm Tm^T,
+ *     dA = -Tm^T tmp, KK = K K^T: the gate's pairs and dbeta's terms, and
+ *     dKK + dKK^T for the T side.
  *   T (warpgroup 2): X = beta v - xs K S0, U = Tm X, dKd = U dS^T (dKc =
  *     ek dKd, the gate's last-row pairs k . dKd), dBk = -dBv S0^T (dKc,
- *     the gate's and dbeta's k . dBk), dKc += dP~^T Q + (dKK + dKK^T) K.
+ *     the gate's and dbeta's k . dBk), Xq = dO S0^T (dQc's first part,
+ *     the gate's q . Xq), dKc += dP~^T Q + (dKK + dKK^T) K.
  * (dTm = dU X^T is dWk Bk^T + dU Bv^T of chunk_bwd.c, X being Bv - Bk S0;
  * dBk = Tm^T dWk is -dBv S0^T: neither needs dWk.) Then dQc, dKc meet the
  * other value heads' in the cluster (G blocks), dq and dk leave through
@@ -79,7 +80,7 @@ static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an S
 static_assert(FS::PH == FS::TH + 8192, "Tm and P adjacent: one copy of the record's tiles (rec16)");
 
 /* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V and T), 5 dKK + dKK^T
- * stored (V and T), 6 the gate (V and T) */
+ * stored (V and T), 6 the gate (V and T), 7 T's part of dQc in B (V waits) */
 /* the block's barrier, one copy a role (the role in the text: the roles' code
  * is never merged, so the registers one role keeps live are not the others') */
 template <int ROLE> __device__ __forceinline__ void block_bar() {
@@ -109,7 +110,7 @@ template <int ROLE> __device__ __forceinline__ void cluster_wait() {
     if constexpr (ROLE == 1) asm volatile("barrier.cluster.wait.acquire.aligned; // V" ::: "memory");
     else asm volatile("barrier.cluster.wait.acquire.aligned; // T" ::: "memory");
 }
-enum { BAR_X = 4, BAR_S = 5, BAR_G = 6 };
+enum { BAR_X = 4, BAR_S = 5, BAR_G = 6, BAR_Q = 7 };
 /* the base pointer, opaque to the compiler: addresses and descriptors are
  * formed again after each barrier, not hoisted out of the chunk loop and
  * kept in registers across it */
@@ -193,6 +194,18 @@ __device__ __forceinline__ void st_f32(const float *x, char *dst, const Frag &f)
         const int col = 8 * a + 2 * f.tq;
         *reinterpret_cast<float2 *>(dst + f32_at(f.r0, col)) = make_float2(x[4 * a], x[4 * a + 1]);
         *reinterpret_cast<float2 *>(dst + f32_at(f.r0 + 8, col)) = make_float2(x[4 * a + 2], x[4 * a + 3]);
+    }
+}
+
+/* x (an m64n128 accumulator) added to the fp32 rows at dst (st_f32's layout) */
+__device__ __forceinline__ void add_f32(const float *x, char *dst, const Frag &f) {
+#pragma unroll
+    for (int a = 0; a < 16; a++) {
+        const int col = 8 * a + 2 * f.tq;
+        float2 *u = reinterpret_cast<float2 *>(dst + f32_at(f.r0, col)), *v = reinterpret_cast<float2 *>(dst + f32_at(f.r0 + 8, col));
+        const float2 a0 = *u, a1 = *v;
+        *u = make_float2(a0.x + x[4 * a], a0.y + x[4 * a + 1]);
+        *v = make_float2(a1.x + x[4 * a + 2], a1.y + x[4 * a + 3]);
     }
 }
 
@@ -801,31 +814,19 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, ch
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ph[kk], pl[kk], dp, kk);
         }
-        /* Xq = dO S0^T -> dQc = scale gam Xq and the gate's q . Xq; dQc += (dP~ rk) K,
-         * into B (fp32; dS's last reader was T's dKd in P2) */
+        /* dQc = (dP~ rk) K + scale gam Xq (T's, in B), into B (fp32) */
         {
             float dqc[64];
             cfwd::wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) wss128<0, 0>(dqc, dk64((sm + FS::OR), kk), dk128((sm + FS::A), kk), kk);
-            cfwd::wg_commit();
-            cfwd::wg_wait<0>();
-            const float2 qd = rowdot(dqc, (sm + FS::QR), f);
-            const float f0 = p.scale * Sc(sm).gam[r0], f1 = p.scale * Sc(sm).gam[r1];
-            if (tq == 0) {
-                Sc(sm).dgq[r0] = r0 < c ? f0 * Sc(sm).rq[r0] * qd.x : 0.f;
-                Sc(sm).dgq[r1] = r1 < c ? f1 * Sc(sm).rq[r1] * qd.y : 0.f;
-            }
-            row_mul<64>(dqc, r0 < c ? f0 : 0.f, r1 < c ? f1 : 0.f);
-            cfwd::wg_fence();
-#pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wgt_rs<128, true, 1>(dqc, ph[kk], dmn((sm + FS::KR), kk), 1);
+                wgt_rs<128, true, 1>(dqc, ph[kk], dmn((sm + FS::KR), kk), kk);
                 wgt_rs<128, true, 1>(dqc, pl[kk], dmn((sm + FS::KR), kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            st_f32(dqc, (sm + FS::B), f);
+            gdn::bar_named(BAR_Q, 256);   /* T's part stored */
+            add_f32(dqc, (sm + FS::B), f);
         }
         PHASE_BAR(1, 4);   /* P3 */
         /* P4: tmp = dTm Tm^T into A (hi + lo); dA = -Tm^T tmp; KK = K K^T; the
@@ -1004,6 +1005,22 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, const FusedMaps &fm, ch
                 dkc[4 * a + 2] = fmaf(e1, y[4 * a + 2], dkc[4 * a + 2]);
                 dkc[4 * a + 3] = fmaf(e1, y[4 * a + 3], dkc[4 * a + 3]);
             }
+            /* Xq = dO S0^T: dQc's first part, scale gam Xq, into B for V (fp32; dS's
+             * last reader was this warpgroup's dKd in P2), and the gate's q . Xq */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss128<0, 0>(y, dk64((sm + FS::OR), kk), dk128((sm + FS::A), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float2 qd = rowdot(y, (sm + FS::QR), f);
+            const float f0 = p.scale * Sc(sm).gam[r0], f1 = p.scale * Sc(sm).gam[r1];
+            if (tq == 0) {
+                Sc(sm).dgq[r0] = r0 < c ? f0 * Sc(sm).rq[r0] * qd.x : 0.f;
+                Sc(sm).dgq[r1] = r1 < c ? f1 * Sc(sm).rq[r1] * qd.y : 0.f;
+            }
+            row_mul<64>(y, r0 < c ? f0 : 0.f, r1 < c ? f1 : 0.f);
+            st_f32(y, (sm + FS::B), f);
+            gdn::bar_arrive(BAR_Q, 256);
         }
         PHASE_BAR(2, 4);   /* P3 */
         /* P4: dKc += (dP~ rq)^T Q, then (dKK + dKK^T) K; into B (fp32) */

@@ -107,6 +107,8 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 /* a named barrier of n threads (a multiple of 32): warp-specialized kernels' handoffs */
 __device__ __forceinline__ void bar_named(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+/* a producer's arrival at named barrier id (its prior shared-memory writes then seen by the threads its bar_named releases) */
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 }  // namespace gdn
