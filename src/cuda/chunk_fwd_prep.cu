@@ -129,10 +129,11 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
     load_rows<KT, S::LK>(Ks, static_cast<const E *>(p.k) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
-    /* q as well where its rows fit head 1's array (free until the A fill) */
+    /* q as well where its rows fit head 1's array (free until the A fill):
+     * for its rstd (the L2 norm) and BR's Q K^T, else not read */
     constexpr bool QS = CC * S::LK * 2 <= CC * AF * 4;
     E *Qs = reinterpret_cast<E *>(sm + S::at1);
-    if constexpr (QS)
+    if (QS && (l2 || BR))
         load_rows<KT, S::LK>(Qs, static_cast<const E *>(p.q) + (row0 * p.H + h) * p.K, (int64_t)p.H * p.K, c, p.K, 0, tid, PT);
     cp_commit();
     /* while they land: the first two heads' gates (warps 2, 3) */
