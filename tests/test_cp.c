@@ -232,9 +232,10 @@ static void run_case(const cpcase *tc) {
     double *o_ref = dalloc(nv), *o_t2 = dalloc(nv), *ht_ref = dalloc(nst);
     gdn_ref_fwd_terms(&c, &in, o_ref, ht_ref, o_t2);
     double *dq_ref = dalloc(nqk), *dk_ref = dalloc(nqk), *dv_ref = dalloc(nv), *dg_ref = dalloc(ng),
-           *db_ref = dalloc(ng), dA_ref[64], ddt_ref[64], *dh0_ref = dalloc(nst), *dh0_t2 = dalloc(nst);
+           *db_ref = dalloc(ng), dA_ref[64], ddt_ref[64], *dh0_ref = dalloc(nst), *dh0_t2 = dalloc(nst),
+           *dg_t2 = dalloc(ng), *db_t2 = dalloc(ng);
     gdn_ref_bwd_terms(&c, &in, dout.d, tc->dht ? dhtd : NULL, dq_ref, dk_ref, dv_ref, dg_ref, db_ref, dA_ref, ddt_ref,
-                      dh0_ref, dh0_t2);
+                      dh0_ref, dh0_t2, dg_t2, db_t2);
     double dA_t2[64] = {0}, ddt_t2[64] = {0};
     if (fused) gate_param_terms2(ng, HV, g.d, dt_biasd, dg_ref, dA_t2, ddt_t2);
 
@@ -568,14 +569,15 @@ static void run_case(const cpcase *tc) {
         const double *refs[5] = {dq_ref, dk_ref, dv_ref, dg_ref, db_ref};
         const size_t sizes[5] = {nqk, nqk, nv, ng, ng};
         const gdn_dtype types[5] = {dt, dt, dt, gdt, gdt};
+        const double *t2s[5] = {NULL, NULL, NULL, dg_t2, db_t2};   /* dg, dbeta: each token's terms (gdn_ref_bwd_terms) */
         for (int i = 0; i < 5; i++) {
             if (i == 3 && !has_g) continue;
             char what[64];
             snprintf(what, sizeof what, "%s (cp vs ref)", names[i]);
-            check_close(ctx, what, types[i], gr_cp[0][i], refs[i], sizes[i], bg);
+            check_close_terms(ctx, what, types[i], gr_cp[0][i], refs[i], t2s[i], sizes[i], bg);
             for (size_t x = 0; x < sizes[i]; x++) as_d[x] = t_get(types[i], g1[i], x);
             snprintf(what, sizeof what, "%s (cp vs single call)", names[i]);
-            check_close(ctx, what, types[i], gr_cp[0][i], as_d, sizes[i], bg);
+            check_close_terms(ctx, what, types[i], gr_cp[0][i], as_d, t2s[i], sizes[i], bg);
         }
         if (fused) {
             check_gate_sums(ctx, ng, HV, g.d, dt_biasd, gdt, gr_cp[0][3], dA_cp[0], ddt_cp[0]);
@@ -618,7 +620,7 @@ static void run_case(const cpcase *tc) {
 #endif
     free(h0); free(dht); free(h0d); free(dhtd);
     free(o_ref); free(o_t2); free(ht_ref);
-    free(dq_ref); free(dk_ref); free(dv_ref); free(dg_ref); free(db_ref); free(dh0_ref); free(dh0_t2);
+    free(dq_ref); free(dk_ref); free(dv_ref); free(dg_ref); free(db_ref); free(dh0_ref); free(dh0_t2); free(dg_t2); free(db_t2);
 }
 
 /* ---- bad input: status, message, nothing written ---- */

@@ -150,7 +150,8 @@ void gdn_ref_fwd_terms(const gdn_config *c, const gdn_ref_inputs *in, double *o,
 static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
                 const double *dout, const double *dht,
                 double *dq_out, double *dk_out, double *dv_out, double *dg_out, double *dbeta_out,
-                double *dA_log_out, double *ddt_bias_out, double *dh0_out, double *dh0_terms2) {
+                double *dA_log_out, double *ddt_bias_out, double *dh0_out, double *dh0_terms2,
+                double *dg_terms2, double *dbeta_terms2) {
     const int H = c->H, HV = c->HV, K = c->K, V = c->V, G = HV / H;
     const double scale = resolved_scale(c);
     const int64_t rows = c->B * c->T;
@@ -162,6 +163,8 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
     double *dkh = xcalloc((size_t)rows * H * K, sizeof(double));   /* dL/dk^ */
     double *dgeff = xcalloc((size_t)rows * HV, sizeof(double));    /* dL/dg  */
     double *dbeff = xcalloc((size_t)rows * HV, sizeof(double));    /* dL/dbeta */
+    /* the squared L2 norms of the terms summed into each token's dg and dbeta */
+    double *gt2 = xcalloc((size_t)rows * HV, sizeof(double)), *bt2 = xcalloc((size_t)rows * HV, sizeof(double));
 
     int64_t max_len = 0;
     for (int64_t n = 0; n < num_seqs(c); n++) {
@@ -256,9 +259,14 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
                     if (reach[t] * reach[t] * ss > most2) most2 = reach[t] * reach[t] * ss;
                 }
                 /* u = beta (v - w):  dbeta = du . (v - w);  dv = beta du;  dw = -beta du */
-                double db = 0.0;
-                for (int col = 0; col < V; col++) db += du[col] * (v[col] - w[col]);
+                double db = 0.0, db2 = 0.0;
+                for (int col = 0; col < V; col++) {
+                    const double x = du[col] * (v[col] - w[col]);
+                    db += x;
+                    db2 += x * x;
+                }
                 dbeff[r * HV + j] += db;
+                bt2[r * HV + j] = db2;
                 if (dv_out)
                     for (int col = 0; col < V; col++) dv_out[(r * HV + j) * V + col] = beta * du[col];
                 for (int col = 0; col < V; col++) dw[col] = -beta * du[col];
@@ -272,9 +280,14 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
                 for (int i = 0; i < K; i++)
                     for (int col = 0; col < V; col++) dS[i * V + col] += k[i] * dw[col];
                 /* Sa = exp(g) Sp:  dg = <dSa, Sa>;  dSp = exp(g) dSa */
-                double dgv = 0.0;
-                for (size_t e = 0; e < KV; e++) dgv += dS[e] * Sa[e];
+                double dgv = 0.0, dg2 = 0.0;
+                for (size_t e = 0; e < KV; e++) {
+                    const double x = dS[e] * Sa[e];
+                    dgv += x;
+                    dg2 += x * x;
+                }
                 dgeff[r * HV + j] += dgv;
+                gt2[r * HV + j] = dg2;
                 for (size_t e = 0; e < KV; e++) dS[e] *= decay;
             }
             /* dS is now dL/dh0 */
@@ -305,12 +318,20 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
         double *dA = xcalloc(HV, sizeof(double)), *ddt = xcalloc(HV, sizeof(double));
         if (in->g) gdn_ref_gate_bwd(rows, HV, in->g, in->A_log, in->dt_bias, dgeff, da, dA, ddt);
         if (dg_out) memcpy(dg_out, da, sizeof(double) * (size_t)rows * HV);
+        if (dg_terms2)   /* da = dg g'(a): the terms scaled alike */
+            for (int64_t r = 0; r < rows; r++)
+                for (int j = 0; j < HV; j++) {
+                    const double x = in->g ? in->g[r * HV + j] + (in->dt_bias ? in->dt_bias[j] : 0.0) : 0.0;
+                    const double f = in->g ? -exp(in->A_log[j]) * softplus_grad(x) : 0.0;
+                    dg_terms2[r * HV + j] = gt2[r * HV + j] * f * f;
+                }
         if (dA_log_out) memcpy(dA_log_out, dA, sizeof(double) * HV);
         if (ddt_bias_out) memcpy(ddt_bias_out, ddt, sizeof(double) * HV);
         free(da); free(dA); free(ddt);
     } else if (dg_out) {
         memcpy(dg_out, dgeff, sizeof(double) * (size_t)rows * HV);
     }
+    if (dg_terms2 && !(c->flags & GDN_GATE_FUSED)) memcpy(dg_terms2, gt2, sizeof(double) * (size_t)rows * HV);
 
     /* chain through beta = m sigmoid(b): db = dbeta * m * s (1 - s) */
     if (dbeta_out) {
@@ -319,13 +340,15 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
                 const double m = (c->flags & GDN_BETA_NEGATIVE) ? 2.0 : 1.0;
                 const double s = sigmoid(in->beta[e]);
                 dbeta_out[e] = dbeff[e] * m * s * (1.0 - s);
+                if (dbeta_terms2) dbeta_terms2[e] = bt2[e] * (m * s * (1.0 - s)) * (m * s * (1.0 - s));
             } else {
                 dbeta_out[e] = dbeff[e];
+                if (dbeta_terms2) dbeta_terms2[e] = bt2[e];
             }
         }
     }
 
-    free(dqh); free(dkh); free(dgeff); free(dbeff);
+    free(dqh); free(dkh); free(dgeff); free(dbeff); free(gt2); free(bt2);
     free(states); free(qs); free(ks); free(us); free(ws); free(decays); free(reach); free(betas);
     free(dS); free(Sa); free(du); free(dw);
 }
@@ -333,13 +356,14 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
 void gdn_ref_bwd(const gdn_config *c, const gdn_ref_inputs *in, const double *dout, const double *dht,
                  double *dq, double *dk, double *dv, double *dg, double *dbeta,
                  double *dA_log, double *ddt_bias, double *dh0) {
-    bwd(c, in, dout, dht, dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0, NULL);
+    bwd(c, in, dout, dht, dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0, NULL, NULL, NULL);
 }
 
 void gdn_ref_bwd_terms(const gdn_config *c, const gdn_ref_inputs *in, const double *dout, const double *dht,
                        double *dq, double *dk, double *dv, double *dg, double *dbeta,
-                       double *dA_log, double *ddt_bias, double *dh0, double *dh0_terms2) {
-    bwd(c, in, dout, dht, dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0, dh0_terms2);
+                       double *dA_log, double *ddt_bias, double *dh0, double *dh0_terms2,
+                       double *dg_terms2, double *dbeta_terms2) {
+    bwd(c, in, dout, dht, dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0, dh0_terms2, dg_terms2, dbeta_terms2);
 }
 
 /* ---- standalone gate ---- */

@@ -29,17 +29,23 @@ void gdn_ref_bwd(const gdn_config *cfg, const gdn_ref_inputs *in,
                  const double *dout, const double *dht,
                  double *dq, double *dk, double *dv, double *dg, double *dbeta,
                  double *dA_log, double *ddt_bias, double *dh0);
-/* The same, and dh0_terms2 (state shape): the size of the terms that cancel
- * in dh0, measured as docs/DESIGN.md §5 says. The delta rule's removal,
- * dS - beta k (k^T dS), cancels where beta |k|^2 is near 1, and a chunked
- * backward carries that cancellation through a whole chunk; so every element
- * of a (sequence, head) state gets max_t reach_t^2 ||dS_t||^2 / (K V), dS_t the
- * gradient at token t before its removal, reach_t the product of the decays
- * from the start through t (a transition's norm is at most its decay). */
+/* The same, and the size of the terms that cancel, measured as
+ * docs/DESIGN.md §5 says (each may be NULL):
+ * dh0_terms2 (state shape): the delta rule's removal, dS - beta k (k^T dS),
+ * cancels where beta |k|^2 is near 1, and a chunked backward carries that
+ * cancellation through a whole chunk; so every element of a (sequence, head)
+ * state gets max_t reach_t^2 ||dS_t||^2 / (K V), dS_t the gradient at token t
+ * before its removal, reach_t the product of the decays from the start
+ * through t (a transition's norm is at most its decay).
+ * dg_terms2, dbeta_terms2 ([rows, HV], as dg and dbeta: chained through the
+ * fused gate and the sigmoid): each token's dg = <dS, exp(g) S_prev> over the
+ * K V elements of the state and dbeta = du . (v - w) over V, the squared norm
+ * of those products. */
 void gdn_ref_bwd_terms(const gdn_config *cfg, const gdn_ref_inputs *in,
                        const double *dout, const double *dht,
                        double *dq, double *dk, double *dv, double *dg, double *dbeta,
-                       double *dA_log, double *ddt_bias, double *dh0, double *dh0_terms2);
+                       double *dA_log, double *ddt_bias, double *dh0, double *dh0_terms2,
+                       double *dg_terms2, double *dbeta_terms2);
 
 /* Standalone pieces, same math as the fused ones. */
 double gdn_ref_softplus(double x);
