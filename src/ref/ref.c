@@ -318,13 +318,12 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
         double *dA = xcalloc(HV, sizeof(double)), *ddt = xcalloc(HV, sizeof(double));
         if (in->g) gdn_ref_gate_bwd(rows, HV, in->g, in->A_log, in->dt_bias, dgeff, da, dA, ddt);
         if (dg_out) memcpy(dg_out, da, sizeof(double) * (size_t)rows * HV);
-        if (dg_terms2)   /* da = dg g'(a): the terms scaled alike */
-            for (int64_t r = 0; r < rows; r++)
-                for (int j = 0; j < HV; j++) {
-                    const double x = in->g ? in->g[r * HV + j] + (in->dt_bias ? in->dt_bias[j] : 0.0) : 0.0;
-                    const double f = in->g ? -exp(in->A_log[j]) * softplus_grad(x) : 0.0;
-                    dg_terms2[r * HV + j] = gt2[r * HV + j] * f * f;
-                }
+        if (dg_terms2) {   /* da = dg g'(a): the terms' norm through the same chain */
+            for (int64_t e = 0; e < rows * HV; e++) gt2[e] = sqrt(gt2[e]);
+            memset(dg_terms2, 0, sizeof(double) * (size_t)rows * HV);
+            if (in->g) gdn_ref_gate_bwd(rows, HV, in->g, in->A_log, in->dt_bias, gt2, dg_terms2, NULL, NULL);
+            for (int64_t e = 0; e < rows * HV; e++) dg_terms2[e] *= dg_terms2[e];
+        }
         if (dA_log_out) memcpy(dA_log_out, dA, sizeof(double) * HV);
         if (ddt_bias_out) memcpy(ddt_bias_out, ddt, sizeof(double) * HV);
         free(da); free(dA); free(ddt);
@@ -338,9 +337,9 @@ static void bwd(const gdn_config *c, const gdn_ref_inputs *in,
         for (int64_t e = 0; e < rows * HV; e++) {
             if (c->flags & GDN_BETA_SIGMOID) {
                 const double m = (c->flags & GDN_BETA_NEGATIVE) ? 2.0 : 1.0;
-                const double s = sigmoid(in->beta[e]);
-                dbeta_out[e] = dbeff[e] * m * s * (1.0 - s);
-                if (dbeta_terms2) dbeta_terms2[e] = bt2[e] * (m * s * (1.0 - s)) * (m * s * (1.0 - s));
+                const double s = sigmoid(in->beta[e]), f = m * s * (1.0 - s);
+                dbeta_out[e] = dbeff[e] * f;
+                if (dbeta_terms2) dbeta_terms2[e] = bt2[e] * f * f;
             } else {
                 dbeta_out[e] = dbeff[e];
                 if (dbeta_terms2) dbeta_terms2[e] = bt2[e];
