@@ -26,6 +26,7 @@ typedef struct ccase {
     unsigned opt;          /* O_* */
     int threads;
     int inplace;           /* also run the forward with ht == h0 */
+    int shift;             /* y and dx this many bytes past a 64-byte line, guard bytes around them */
 } ccase;
 
 static double *dalloc(size_t n) { return t_alloc(n * sizeof(double)); }
@@ -37,8 +38,9 @@ static void case_ctx(const ccase *tc, const char *op, uint64_t seed, long idx, c
         len += snprintf(shape + len, sizeof shape - len, " varlen[");
         for (int i = 0; i < tc->nseq; i++)
             len += snprintf(shape + len, sizeof shape - len, "%s%lld", i ? "," : "", (long long)tc->lens[i]);
-        snprintf(shape + len, sizeof shape - len, "]");
+        len += snprintf(shape + len, sizeof shape - len, "]");
     }
+    if (tc->shift) snprintf(shape + len, sizeof shape - len, " (y, dx %d bytes past a line)", tc->shift);
     snprintf(buf, n, "op=%s backend=cpu threads=%d shape=%s dtype=%s silu=%d bias=%d h0=%d ht=%d dht=%d dh0=%d "
              "dbias=%d seed=%llu case=%ld(seed %llu)", op, tc->threads, shape, t_dtype_name(tc->dt), tc->silu,
              !!(tc->opt & O_BIAS), !!(tc->opt & O_H0), !!(tc->opt & O_HT), !!(tc->opt & O_DHT), !!(tc->opt & O_DH0),
@@ -69,6 +71,20 @@ static gdn_conv1d_config case_config(const ccase *tc, int64_t *cu, int64_t *N) {
     }
     c.D = tc->D; c.W = tc->W; c.dtype = tc->dt; c.silu = tc->silu;
     return c;
+}
+
+/* n bytes at shift past a 64-byte line inside raw (n + 128 + shift bytes), every other byte of raw a guard */
+enum { GUARD = 0x5a };
+static void *shifted(unsigned char *raw, size_t n, int shift) {
+    unsigned char *p = (unsigned char *)(((uintptr_t)raw + 63) & ~(uintptr_t)63) + shift;
+    memset(raw, GUARD, n + 128 + (size_t)shift);
+    return p;
+}
+static int guards_kept(const unsigned char *raw, const void *p, size_t n, int shift) {
+    const unsigned char *q = p;
+    for (const unsigned char *g = raw; g < q; g++) if (*g != GUARD) return 0;
+    for (const unsigned char *g = q + n; g < raw + n + 128 + shift; g++) if (*g != GUARD) return 0;
+    return 1;
 }
 
 static void run_case(const ccase *tc, long idx) {
@@ -119,7 +135,9 @@ static void run_case(const ccase *tc, long idx) {
     char ctx[600];
 
     /* ---- forward ---- */
-    void *y = t_alloc(nx * t_dsize(dt));
+    const size_t ny = nx * t_dsize(dt);
+    unsigned char *y_raw = t_alloc(ny + 128 + (size_t)tc->shift), *dx_raw = t_alloc(ny + 128 + (size_t)tc->shift);
+    void *y = shifted(y_raw, ny, tc->shift);
     float *ht = t_alloc(nst * sizeof(float));
     t_poison_nan(dt, y, nx);
     t_poison_nan(GDN_F32, ht, nst);
@@ -128,6 +146,7 @@ static void run_case(const ccase *tc, long idx) {
     gdn_status s = gdn_conv1d_fwd(&ex, &c, &fa);
     if (check(s == GDN_OK, ctx, "status %s: %s", gdn_status_string(s), gdn_last_error())) {
         check_close(ctx, "y", dt, y, yr, nx, bound_fwd(dt));
+        check(guards_kept(y_raw, y, ny, tc->shift), ctx, "no byte written outside y (y %d bytes past a line)", tc->shift);
         if (o & O_HT) check_close(ctx, "ht", GDN_F32, ht, htr, nst, bound_fwd(GDN_F32));
     }
     if (tc->inplace && (o & O_H0)) {   /* ht written over h0: an in-place state update */
@@ -145,7 +164,7 @@ static void run_case(const ccase *tc, long idx) {
     }
 
     /* ---- backward ---- */
-    void *dx = t_alloc(nx * t_dsize(dt));
+    void *dx = shifted(dx_raw, ny, tc->shift);
     float *dw = t_alloc(nw * sizeof(float)), *db = t_alloc(D * sizeof(float)), *dh0 = t_alloc(nst * sizeof(float));
     t_poison_nan(dt, dx, nx);
     t_poison_nan(GDN_F32, dw, nw);
@@ -157,6 +176,7 @@ static void run_case(const ccase *tc, long idx) {
     s = gdn_conv1d_bwd(&ex, &c, &ba);
     if (check(s == GDN_OK, ctx, "status %s: %s", gdn_status_string(s), gdn_last_error())) {
         check_close(ctx, "dx", dt, dx, dxr, nx, bound_grad(dt));
+        check(guards_kept(dx_raw, dx, ny, tc->shift), ctx, "no byte written outside dx (dx %d bytes past a line)", tc->shift);
         check_close_terms(ctx, "dweight", GDN_F32, dw, dwr, dw_terms2, nw, bound_grad(dt));
         if (o & O_DBIAS) check_close_terms(ctx, "dbias", GDN_F32, db, dbr, db_terms2, D, bound_grad(dt));
         if (o & O_DH0) check_close(ctx, "dh0", GDN_F32, dh0, dh0r, nst, bound_grad(dt));
@@ -165,7 +185,7 @@ static void run_case(const ccase *tc, long idx) {
     free(xd); free(dyd); free(wd); free(bd); free(h0d); free(dhtd);
     free(x); free(dy); free(w); free(bias); free(h0); free(dht);
     free(yr); free(htr); free(dxr); free(dwr); free(dbr); free(dh0r);
-    free(y); free(ht); free(dx); free(dw); free(db); free(dh0); free(dw_terms2); free(db_terms2);
+    free(y_raw); free(ht); free(dx_raw); free(dw); free(db); free(dh0); free(dw_terms2); free(db_terms2);
 }
 
 /* ---- the reference against central finite differences (double) ---- */
@@ -358,11 +378,10 @@ static void test_update_slots(int W, gdn_dtype dt, int silu, int with_bias, int 
 
 /* ---- determinism: the same bits for 1, 2, 3, 4 threads ---- */
 
-static void test_determinism(void) {
-    const uint64_t seed = mix_seed(g_base_seed, 8500);
+static void test_determinism_d(int D, uint64_t seed) {
     rng r;
     rng_seed(&r, seed);
-    const int D = 300, W = 4;
+    const int W = 4;
     const int64_t B = 2, T = 301;
     const size_t nx = (size_t)(B * T) * D, nw = (size_t)D * W, nst = (size_t)B * D * W;
     double *tmp = dalloc(nx);
@@ -394,6 +413,12 @@ static void test_determinism(void) {
                   k + 1);
     for (int k = 0; k < 4; k++) { free(y[k]); free(dx[k]); free(ht[k]); free(dw[k]); free(db[k]); free(dh0[k]); }
     free(tmp); free(x); free(dy); free(w); free(bias); free(h0); free(dht);
+}
+
+/* D = 300: the channel blocks; D = 320: the backward's direct walk (bf16, whole vectors) */
+static void test_determinism(void) {
+    test_determinism_d(300, mix_seed(g_base_seed, 8500));
+    test_determinism_d(320, mix_seed(g_base_seed, 8501));
 }
 
 /* ---- bad input: status, a message, not one byte written ---- */
@@ -615,11 +640,15 @@ void test_conv1d(void) {
         {64, 4, GDN_F32, 1, 2, 70}, {65, 5, GDN_F16, 1, 2, 9}, {127, 4, GDN_BF16, 1, 1, 200},
         /* bf16 full channel blocks (the one-pass rows) with every W class and without SiLU */
         {2048, 2, GDN_BF16, 0, 2, 40}, {128, 7, GDN_BF16, 1, 2, 50}, {192, 1, GDN_BF16, 0, 1, 30}, {256, 8, GDN_BF16, 1, 1, 100},
-        /* bf16 y, dx of 8.4 MB: the streaming stores (GDN_STREAM_BYTES, src/cpu/stream.h) */
-        {2048, 4, GDN_BF16, 1, 1, 2050},
+        /* bf16, D a whole number of vectors: the backward's direct walk (every W, sequences shorter than W) */
+        {48, 3, GDN_BF16, 1, 3, 2}, {80, 5, GDN_BF16, 1, 2, 41}, {96, 6, GDN_BF16, 0, 2, 5}, {32, 8, GDN_BF16, 1, 2, 7},
+        /* bf16 y, dx of 8.4 MB: the streaming stores (GDN_STREAM_BYTES, src/cpu/stream.h), on and off a line */
+        {2048, 4, GDN_BF16, 1, 1, 2050}, {2048, 4, GDN_BF16, 1, 1, 2050},
     };
-    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++, idx++) {
+    const int nbig = (int)(sizeof big / sizeof big[0]);
+    for (int i = 0; i < nbig; i++, idx++) {
         ccase tc = {0};
+        if (i == nbig - 1) tc.shift = 48;
         tc.B = big[i].B; tc.T = big[i].T; tc.D = big[i].D; tc.W = big[i].W; tc.dt = big[i].dt;
         tc.silu = big[i].silu; tc.opt = i % 2 ? (unsigned)(idx * 23 % 64) : O_ALL; tc.threads = 2; tc.inplace = 1;
         run_case(&tc, idx);

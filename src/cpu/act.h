@@ -96,6 +96,19 @@ static inline void gdn_bf16_store_stream_v(uint16_t *p, gdn_av f, int st) {
     gdn_bf16_store_v(p, f);
 }
 
+/* a * b + c rounded once in each lane, for chains whose order must hold:
+ * the compiler contracts a sum of two products with either product */
+static inline gdn_av gdn_fma_v(gdn_av a, gdn_av b, gdn_av c) {
+#if defined(__AVX512F__) && GDN_AVL == 16
+    return (gdn_av)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) && GDN_AVL == 8
+    return (gdn_av)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    for (int l = 0; l < GDN_AVL; l++) c[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return c;
+#endif
+}
+
 static inline gdn_av gdn_select_v(gdn_vi m, gdn_av a, gdn_av b) { return (gdn_av)((m & (gdn_vi)a) | (~m & (gdn_vi)b)); }
 
 /* x < lo ? lo : (x > hi ? hi : x) in each lane, NaN kept (as gdn_expf's

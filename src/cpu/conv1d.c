@@ -23,7 +23,10 @@
  * in one pass (convert, convolve into an fp32 row, then SiLU and rounding on
  * cpu/act.h's vectors, store: conv_rows_bf16; outputs of GDN_STREAM_BYTES or
  * more by streaming stores, cpu/stream.h), other rows through f32 row
- * buffers. The backward
+ * buffers. The backward of bf16 with D a whole number of vectors walks
+ * tokens down each vector of channels with its state in registers
+ * (bwd_direct: each input row read once, dz and the sums never leave the
+ * registers, dx stored as it comes); every other backward
  * deals whole channel blocks to threads, each walking its blocks SBB tokens
  * at a time across them (rows again; twice the forward's SB, which halves
  * the sub-blocks' fixed cost), so every block's dweight / dbias is
@@ -561,8 +564,216 @@ static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
     }
 }
 
+/* ---- the backward's direct walk (bf16, D a whole number of vectors) ----
+ * Each thread owns a range of channel vectors (GDN_AVL channels) and walks
+ * every sequence's L + W - 1 steps SBW at a time across its vectors (memory
+ * row by row), one vector's SBW steps in registers: the last W - 1 inputs and
+ * dz as vectors, dz = dy act'(z) (z recomputed in conv_z's order), the fp32
+ * sums of dweight / dbias (conv_dw's order) added into fp64 after each SBB
+ * tokens counted from the sequence's start and after its last token (as
+ * bwd_sub does: the same bits), and dx of step t - W + 1 from the last W dz
+ * (conv_dx's order), dht added and stored, or kept in dh0 before the start.
+ * SBW steps at a time: few enough 4 KiB pages (rows of x, dy, dx) in flight
+ * for the hardware's prefetch (a prototype at the main job's shape, two
+ * threads: 32 steps 3.6 ms, 16 and 8 2.9), and enough to pay a vector's visit
+ * (its state in and out: SBW 4, 8, 16 took 5.4, 4.2, 3.9 ms; bench/NOTES.md
+ * CPU v21). Same bits as bwd_sub. */
+enum { SBW = 16 };
+_Static_assert(SBB % SBW == 0, "a walk of SBW steps closes at most one SBB of sums, at its end");
+
+/* a vector's state between its steps: 3 W - 1 vectors (the inputs and dz of
+ * the last W - 1 steps, the fp32 sums of dweight and of dbias), and W + 1
+ * rows of GDN_AVL doubles apart (the fp64 sums, touched once in SBB tokens) */
+static int bwd_vec_len(int W) { return 3 * W - 1; }
+
+/* acc[l] += v[l] in fp64 */
+static inline void add_f64(double *restrict acc, gdn_av v) {
+#if defined(__AVX512F__) && GDN_AVL == 16
+    const __m512d p = _mm512_castps_pd((__m512)v);
+    const __m512d lo = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_castpd512_pd256(p)));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(p, 1)));
+    _mm512_storeu_pd(acc, _mm512_add_pd(_mm512_loadu_pd(acc), lo));
+    _mm512_storeu_pd(acc + 8, _mm512_add_pd(_mm512_loadu_pd(acc + 8), hi));
+#else
+    for (int l = 0; l < GDN_AVL; l++) acc[l] += v[l];
+#endif
+}
+
+/* dx of step s (before the sequence: dh0) for the GDN_AVL channels at d, dht added where it reaches */
+static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t L, int64_t s, int d, gdn_av r,
+                            uint16_t *dx) {
+    const int64_t D = c->D;
+    const int W = c->W;
+    float f[GDN_AVL];
+    memcpy(f, &r, sizeof f);
+    if (a->dht && s >= L - W) {
+        const float *h = a->dht + (n * D + d) * W + (s - L + W);
+        for (int l = 0; l < GDN_AVL; l++) f[l] += h[(int64_t)l * W];
+    }
+    if (s >= 0) {
+        memcpy(&r, f, sizeof r);
+        gdn_bf16_store_v(dx + s * D, r);
+    } else if (a->dh0) {
+        float *h = a->dh0 + (n * D + d) * W + W + s;
+        for (int l = 0; l < GDN_AVL; l++) h[(int64_t)l * W] = f[l];
+    }
+}
+
+/* steps t0..t1-1 of sequence (bos, L) for the GDN_AVL channels at d (t0 a
+ * multiple of SBW, so at most the last real token closes a sum's SBB) */
+INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n,
+                             int64_t bos, int64_t L, int64_t t0, int64_t t1, int d, gdn_av *restrict q, double *restrict qd, const float *wT,
+                             const float *bias) {
+    const int64_t D = c->D;
+    const uint16_t *restrict x = (const uint16_t *)a->x + bos * D + d, *restrict dy = (const uint16_t *)a->dy + bos * D + d;
+    uint16_t *restrict dx = (uint16_t *)a->dx + bos * D + d;
+    const int64_t s1 = a->dht ? L - W : L;   /* dx rows below s1 take no dht */
+    gdn_av wv[WMAX], bv, xh[WMAX - 1], dzh[WMAX - 1], aw[WMAX], ab = q[3 * W - 2];
+    for (int w = 0; w < W; w++) { memcpy(&wv[w], wT + w * D + d, sizeof(gdn_av)); aw[w] = q[2 * W - 2 + w]; }
+    for (int w = 0; w < W - 1; w++) { xh[w] = q[w]; dzh[w] = q[W - 1 + w]; }
+    memcpy(&bv, bias + d, sizeof bv);
+    /* one step: dz of token t (zero past L), the sums, the histories, r = dxx of step t - (W - 1) */
+#define STEP(real)                                                                                        \
+    gdn_av dz = {0};                                                                                      \
+    if (real) {                                                                                           \
+        const gdn_av xt = gdn_bf16_load_v(x + t * D);                                                     \
+        gdn_av g = gdn_bf16_load_v(dy + t * D);                                                           \
+        if (silu) {                                                                                       \
+            gdn_av z = bv;                                                                                \
+            for (int w = 0; w < W - 1; w++) z += wv[w] * xh[w];                                           \
+            z += wv[W - 1] * xt;                                                                          \
+            const gdn_av sg = 1.f / (1.f + gdn_expf_silu_v(-z));                                          \
+            g = g * sg * (1.f + z * (1.f - sg));                                                          \
+        }                                                                                                 \
+        dz = g;                                                                                           \
+        ab += g;                                                                                          \
+        for (int w = 0; w < W - 1; w++) aw[w] += g * xh[w];                                               \
+        aw[W - 1] += g * xt;                                                                              \
+        for (int w = 0; w + 1 < W - 1; w++) xh[w] = xh[w + 1];                                            \
+        if (W > 1) xh[W - 2] = xt;                                                                        \
+    }                                                                                                     \
+    gdn_av r = dz * wv[0];                                                                                \
+    for (int w = 1; w < W; w++) r = gdn_fma_v(dzh[W - 1 - w], wv[w], r);                                  \
+    for (int w = 0; w + 1 < W - 1; w++) dzh[w] = dzh[w + 1];                                              \
+    if (W > 1) dzh[W - 2] = dz;
+    const int64_t te = t1 < L ? t1 : L;                       /* real tokens below te */
+    const int64_t ta = t0 > W - 1 ? t0 : W - 1;               /* steps [ta, tz): real, dx row in [0, s1) */
+    const int64_t tz = te < s1 + W - 1 ? te : s1 + W - 1;
+    int64_t t = t0;
+    if (t0 >= ta && t0 + SBW <= tz) {   /* the common case: SBW interior steps, unrolled */
+        for (int k = 0; k < SBW; k++, t++) {
+            STEP(1)
+            gdn_bf16_store_v(dx + (t - (W - 1)) * D, r);
+        }
+    }
+    for (; t < t1 && (t < ta || t >= tz); t++) {   /* the first W - 1 steps of a sequence */
+        STEP(t < L)
+        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx);
+    }
+    for (; t < tz; t++) {
+        STEP(1)
+        gdn_bf16_store_v(dx + (t - (W - 1)) * D, r);
+    }
+    for (; t < t1; t++) {   /* the last steps: dht, or none past L */
+        STEP(t < L)
+        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx);
+    }
+#undef STEP
+    if (te > t0 && (te % SBB == 0 || te == L)) {   /* bwd_sub's sums: fp32 over its sub-block's tokens, then fp64 */
+        add_f64(qd + W * GDN_AVL, ab);
+        ab = (gdn_av){0};
+        for (int w = 0; w < W; w++) {
+            add_f64(qd + w * GDN_AVL, aw[w]);
+            aw[w] = (gdn_av){0};
+        }
+    }
+    q[3 * W - 2] = ab;
+    for (int w = 0; w < W; w++) q[2 * W - 2 + w] = aw[w];
+    for (int w = 0; w < W - 1; w++) { q[w] = xh[w]; q[W - 1 + w] = dzh[w]; }
+}
+
+/* bwd_direct_steps for vectors v0..v1-1, one after another (sv, sd their states) */
+INLINE void bwd_direct_row(const int W, const int silu, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos,
+                           int64_t L, int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias) {
+    for (int v = v0; v < v1; v++)
+        bwd_direct_steps(W, silu, c, a, n, bos, L, t0, t1, v * GDN_AVL, sv + (size_t)(v - v0) * (3 * W - 1),
+                         sd + (size_t)(v - v0) * (W + 1) * GDN_AVL, wT, bias);
+}
+
+static void bwd_direct_row_any(int W, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos, int64_t L,
+                               int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias) {
+#define CALL(w) (c->silu ? bwd_direct_row(w, 1, c, a, n, bos, L, t0, t1, v0, v1, sv, sd, wT, bias) \
+                         : bwd_direct_row(w, 0, c, a, n, bos, L, t0, t1, v0, v1, sv, sd, wT, bias))
+    W_SWITCH(W, CALL);
+#undef CALL
+}
+
+/* vectors v0..v1-1 (one thread) of every sequence; wT the weights by tap, then the bias */
+static void bwd_direct(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int v0, int v1, gdn_av *sv, double *sd,
+                       const float *wT) {
+    const int W = c->W, D = c->D, nq = bwd_vec_len(W), nd = (W + 1) * GDN_AVL;
+    const float *bias = wT + (int64_t)W * D;
+    memset(sd, 0, sizeof(double) * (size_t)nd * (size_t)(v1 - v0));
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
+        const int64_t L = c->cu_seqlens ? c->cu_seqlens[n + 1] - bos : c->T;
+        for (int v = v0; v < v1; v++) {   /* xx before the start from h0 (or zeros); no dz, no sums yet */
+            gdn_av *q = sv + (size_t)(v - v0) * nq;
+            const int d = v * GDN_AVL;
+            for (int k = 0; k < nq; k++) q[k] = (gdn_av){0};
+            for (int w = 0; w < W - 1; w++) {
+                float f[GDN_AVL];
+                for (int l = 0; l < GDN_AVL; l++) f[l] = a->h0 ? a->h0[(n * D + d + l) * W + 1 + w] : 0.f;
+                memcpy(&q[w], f, sizeof f);
+            }
+        }
+        for (int64_t tb = 0; tb < L + W - 1; tb += SBW) {
+            const int64_t te = tb + SBW < L + W - 1 ? tb + SBW : L + W - 1;
+            bwd_direct_row_any(W, c, a, n, bos, L, tb, te, v0, v1, sv, sd, wT, bias);
+        }
+        if (a->dh0)   /* h0[., 0] is read only by ht of an empty sequence (ht = h0) */
+            for (int64_t d = (int64_t)v0 * GDN_AVL; d < (int64_t)v1 * GDN_AVL; d++)
+                a->dh0[(n * D + d) * W] = (L == 0 && a->dht) ? a->dht[(n * D + d) * W] : 0.f;
+    }
+    for (int v = v0; v < v1; v++)
+        for (int l = 0; l < GDN_AVL; l++) {
+            const double *qd = sd + (size_t)(v - v0) * nd;
+            const int64_t d = (int64_t)v * GDN_AVL + l;
+            for (int w = 0; w < W; w++) a->dweight[d * W + w] = (float)qd[w * GDN_AVL + l];
+            if (a->dbias) a->dbias[d] = (float)qd[W * GDN_AVL + l];
+        }
+}
+
 int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a) {
     const int D = c->D, ncb = (D + CB - 1) / CB;
+    if (c->dtype == GDN_BF16 && D % GDN_AVL == 0) {   /* the direct walk */
+        const int W = c->W, nv = D / GDN_AVL;
+        const int nt = pick_threads(threads, nv, (c->B * c->T + N) * D * W);
+        float *wT = malloc(sizeof(float) * (size_t)(W + 1) * D);
+        gdn_av *sv = aligned_alloc(64, sizeof(gdn_av) * (size_t)bwd_vec_len(W) * (size_t)nv);
+        double *sd = malloc(sizeof(double) * (size_t)(W + 1) * GDN_AVL * (size_t)nv);
+        if (!wT || !sv || !sd) { free(wT); free(sv); free(sd); return 1; }
+        for (int w = 0; w < W; w++)
+            for (int d = 0; d < D; d++) wT[(int64_t)w * D + d] = a->weight[(int64_t)d * W + w];
+        for (int d = 0; d < D; d++) wT[(int64_t)W * D + d] = a->bias ? a->bias[d] : 0.f;
+        #pragma omp parallel num_threads(nt)
+        {
+            int tid = 0, m = 1;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+            m = omp_get_num_threads();
+#endif
+            const int v0 = (int)((int64_t)nv * tid / m), v1 = (int)((int64_t)nv * (tid + 1) / m);
+            const unsigned fm = gdn_ftz_begin();
+            if (v1 > v0)
+                bwd_direct(c, N, a, v0, v1, sv + (size_t)v0 * bwd_vec_len(W), sd + (size_t)v0 * (W + 1) * GDN_AVL, wT);
+            gdn_ftz_end(fm);
+        }
+        free(wT);
+        free(sv);
+        free(sd);
+        return 0;
+    }
     const int nt = pick_threads(threads, ncb, (c->B * c->T + N) * D * c->W);
     bwd_state *st = malloc(sizeof(bwd_state) * (size_t)ncb);
     if (!st) return 1;
