@@ -305,6 +305,28 @@ static int pick_threads(int threads, int64_t items, int64_t elems) {
     return items < threads ? (int)(items < 1 ? 1 : items) : threads;
 }
 
+/* the weights by tap over all D channels, then the bias (zeros without
+ * one): [W + 1][D], for the direct walks; NULL when out of memory */
+static float *weights_by_tap(const float *weight, const float *bias, int W, int D) {
+    float *wT = malloc(sizeof(float) * (size_t)(W + 1) * D);
+    if (!wT) return NULL;
+    for (int w = 0; w < W; w++)
+        for (int d = 0; d < D; d++) wT[(int64_t)w * D + d] = weight[(int64_t)d * W + w];
+    for (int d = 0; d < D; d++) wT[(int64_t)W * D + d] = bias ? bias[d] : 0.f;
+    return wT;
+}
+
+/* this thread's share [*lo, *hi) of n items, inside a parallel region */
+static void thread_share(int n, int *lo, int *hi) {
+    int tid = 0, m = 1;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+    m = omp_get_num_threads();
+#endif
+    *lo = (int)((int64_t)n * tid / m);
+    *hi = (int)((int64_t)n * (tid + 1) / m);
+}
+
 /* ---- forward ---- */
 
 /* the sequence holding flattened row g (B*T > 0): largest n with cu[n] <= g */
@@ -363,11 +385,8 @@ int gdn_cpu_conv1d_fwd(int threads, const gdn_conv1d_config *c, int64_t N, const
     /* bf16 rows of whole vectors: the weights by tap over all channels, then the bias
      * (conv_direct_bf16, for every token past a sequence's first W - 1) */
     const int direct = c->dtype == GDN_BF16 && D % GDN_AVL == 0;
-    float *wT = direct ? malloc(sizeof(float) * (size_t)(W + 1) * D) : NULL;
+    float *wT = direct ? weights_by_tap(a->weight, a->bias, W, D) : NULL;
     if (direct && !wT) { free(wall); return 1; }
-    for (int w = 0; direct && w < W; w++)
-        for (int d = 0; d < D; d++) wT[(int64_t)w * D + d] = a->weight[(int64_t)d * W + w];
-    for (int d = 0; direct && d < D; d++) wT[(int64_t)W * D + d] = a->bias ? a->bias[d] : 0.f;
     const int stream = c->B * c->T * D * 2 >= GDN_STREAM_BYTES;
     /* chunks of tc rows (results do not depend on tc: no reductions); within
      * a chunk, SB tokens at a time across all channel blocks, so memory is
@@ -767,21 +786,14 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
     if (c->dtype == GDN_BF16 && D % GDN_AVL == 0) {   /* the direct walk */
         const int W = c->W, nv = D / GDN_AVL;
         const int nt = pick_threads(threads, nv, (c->B * c->T + N) * D * W);
-        float *wT = malloc(sizeof(float) * (size_t)(W + 1) * D);
+        float *wT = weights_by_tap(a->weight, a->bias, W, D);
         gdn_av *sv = aligned_alloc(64, sizeof(gdn_av) * (size_t)bwd_vec_len(W) * (size_t)nv);
         double *sd = malloc(sizeof(double) * (size_t)(W + 1) * GDN_AVL * (size_t)nv);
         if (!wT || !sv || !sd) { free(wT); free(sv); free(sd); return 1; }
-        for (int w = 0; w < W; w++)
-            for (int d = 0; d < D; d++) wT[(int64_t)w * D + d] = a->weight[(int64_t)d * W + w];
-        for (int d = 0; d < D; d++) wT[(int64_t)W * D + d] = a->bias ? a->bias[d] : 0.f;
         #pragma omp parallel num_threads(nt)
         {
-            int tid = 0, m = 1;
-#ifdef _OPENMP
-            tid = omp_get_thread_num();
-            m = omp_get_num_threads();
-#endif
-            const int v0 = (int)((int64_t)nv * tid / m), v1 = (int)((int64_t)nv * (tid + 1) / m);
+            int v0, v1;
+            thread_share(nv, &v0, &v1);
             const unsigned fm = gdn_ftz_begin();
             if (v1 > v0)
                 bwd_direct(c, N, a, v0, v1, sv + (size_t)v0 * bwd_vec_len(W), sd + (size_t)v0 * (W + 1) * GDN_AVL, wT);
@@ -797,12 +809,8 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
     if (!st) return 1;
     #pragma omp parallel num_threads(nt)
     {
-        int tid = 0, m = 1;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        m = omp_get_num_threads();
-#endif
-        const int cb0 = (int)((int64_t)ncb * tid / m), cb1 = (int)((int64_t)ncb * (tid + 1) / m);
+        int cb0, cb1;
+        thread_share(ncb, &cb0, &cb1);
         const unsigned fm = gdn_ftz_begin();
         if (cb1 > cb0) bwd_blocks(c, N, a, cb0, cb1, st + cb0);
         gdn_stream_fence();   /* this thread's streaming stores (dx rows) ordered before the region ends */
