@@ -697,12 +697,6 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     const int64_t ta = t0 > W - 1 ? t0 : W - 1;               /* steps [ta, tz): real, dx row in [0, s1) */
     const int64_t tz = te < s1 + W - 1 ? te : s1 + W - 1;
     int64_t t = t0;
-    if (t0 >= ta && t0 + SBW <= tz) {   /* the common case: SBW interior steps, unrolled */
-        for (int k = 0; k < SBW; k++, t++) {
-            STEP(1)
-            gdn_bf16_store_v(dx + (t - (W - 1)) * D, r);
-        }
-    }
     for (; t < t1 && (t < ta || t >= tz); t++) {   /* the first W - 1 steps of a sequence */
         STEP(t < L)
         bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx);

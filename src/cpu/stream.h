@@ -26,7 +26,7 @@
  * 6.3 ms (bench/NOTES.md CPU v21). */
 static inline void gdn_store16_row(uint16_t *restrict dst, const uint16_t *restrict src, int n, int stream) {
 #if defined(__SSE2__)
-    if (stream && ((uintptr_t)dst & 1) == 0) {
+    if (stream) {
         const uintptr_t a = (uintptr_t)dst, e = a + (uintptr_t)n * 2;
         const uintptr_t a64 = (a + 63) & ~(uintptr_t)63, e64 = e & ~(uintptr_t)63;
         if (e64 > a64) {
