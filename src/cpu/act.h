@@ -140,23 +140,32 @@ static inline gdn_av gdn_rint_v(gdn_av t) {
 static inline gdn_av gdn_expf_v(gdn_av x);
 /* silu and sigmoid of each lane, as gdn_silu_rows and gdn_sigmoidf */
 static inline gdn_av gdn_expf_silu_v(gdn_av x);
-static inline gdn_av gdn_silu_v(gdn_av z) { return z / (1.f + gdn_expf_silu_v(-z)); }
+static inline gdn_av gdn_silu_neg_v(gdn_av z);
+static inline gdn_av gdn_silu_v(gdn_av z) {
+#if defined(__AVX512DQ__) && GDN_AVL == 16
+    return gdn_silu_neg_v(z);
+#else
+    return z / (1.f + gdn_expf_silu_v(-z));
+#endif
+}
 static inline gdn_av gdn_sigmoid_v(gdn_av z) { return 1.f / (1.f + gdn_expf_v(-z)); }
 
+/* exp(r) on the reduced range, gdn_expf's polynomial */
+static inline gdn_av gdn_expf_poly_r_v(gdn_av r) {
+    gdn_av p = r * 0.008290315046906471f + 0.04189793020486832f;
+    p = p * r + 0.1666763573884964f;
+    p = p * r + 0.4999915063381195f;
+    p = p * r + 0.9999997019767761f;
+    return p * r + 1.0f;
+}
 /* exp(x) = p 2^k from x clamped to [-87, 88], as gdn_expf forms them */
 static inline gdn_av gdn_expf_poly_v(gdn_av x, gdn_av *kout) {
     const gdn_av xc = gdn_clamp_v(x, -87.0f, 88.0f);
     const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
     gdn_av r = k * -0.693145751953125f + xc;
     r = k * -1.428606765330187e-06f + r;
-    gdn_av p = r * 1.3888889e-3f + 8.3333333e-3f;
-    p = p * r + 4.1666667e-2f;
-    p = p * r + 1.6666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
     *kout = k;
-    return p;
+    return gdn_expf_poly_r_v(r);
 }
 
 /* gdn_expf of each lane */
@@ -171,9 +180,23 @@ static inline gdn_av gdn_expf_v(gdn_av x) {
 /* gdn_expf_v where only 1 + exp(x) is used (SiLU, x = -z): below -87 the
  * clamped exp(-87) ~ 1e-38 leaves 1 + exp(x) = 1, as the zero would, so no
  * mask; 2^k applied by vscalefps (exact, as the product with the exact power
- * of two). The same bits as z / (1 + gdn_expf(-z)), five instructions fewer */
+ * of two). The same bits as z / (1 + gdn_expf(-z)), five instructions fewer
+ * (the clamp stays: below -2^23 the reduction's k is no longer exact, and
+ * r, p would be garbage) */
 static inline gdn_av gdn_expf_silu_v(gdn_av x) {
-#if defined(__AVX512F__) && GDN_AVL == 16
+#if defined(__AVX512DQ__) && GDN_AVL == 16
+    /* x clamped to [-88, 88] by one vrangeps (the smaller magnitude of x
+     * and 88, x's sign): below -87 exp(x) < 2^-125 leaves 1 + exp(x) = 1 as
+     * gdn_expf's zero does, so the same bits (bench/NOTES.md CPU v23: the
+     * clamp's two instructions were ~1/8 of the SiLU's time). A NaN x gives
+     * +-88 here, not NaN: the callers' results stay NaN through z itself */
+    const gdn_av xc = (gdn_av)_mm512_range_ps((__m512)x, _mm512_set1_ps(88.0f), 0x02);
+    const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
+    gdn_av r = k * -0.693145751953125f + xc;
+    r = k * -1.428606765330187e-06f + r;
+    const gdn_av p = gdn_expf_poly_r_v(r);
+    return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
+#elif defined(__AVX512F__) && GDN_AVL == 16
     gdn_av k;
     const gdn_av p = gdn_expf_poly_v(x, &k);
     return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
@@ -181,5 +204,17 @@ static inline gdn_av gdn_expf_silu_v(gdn_av x) {
     return gdn_expf_v(x);
 #endif
 }
+#if defined(__AVX512DQ__) && GDN_AVL == 16
+/* z / (1 + gdn_expf_silu_v(-z)) with the negation folded into the
+ * reduction's products (z clamped to [-88, 88]: the same bits) */
+static inline gdn_av gdn_silu_neg_v(gdn_av z) {
+    const gdn_av zc = (gdn_av)_mm512_range_ps((__m512)z, _mm512_set1_ps(88.0f), 0x02);
+    const gdn_av k = gdn_rint_v(zc * -1.44269504088896341f);
+    gdn_av r = k * -0.693145751953125f - zc;
+    r = k * -1.428606765330187e-06f + r;
+    const gdn_av p = gdn_expf_poly_r_v(r);
+    return z / (1.f + (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k));
+}
+#endif
 
 #endif
