@@ -239,31 +239,32 @@ struct FusedMaps {
  * fp32, rounded to bf16 by the V and T warpgroups */
 /* the bytes a chunk of the two mbarriers: S0's tile on FS::MB (S starts on
  * it while the rest lands), the rows and Tm, P on FS::MB_R */
-__device__ __forceinline__ uint32_t fetch_tx0(const BwdArgs &p) { return p.st16 ? 32768 : 0; }
-__device__ __forceinline__ uint32_t fetch_tx1(const BwdArgs &p, const FusedMaps &fm) { return (fm.on ? 4 * 16384 : 0) + (p.rec16 ? 16384 : 0); }
+template <bool TL> __device__ __forceinline__ uint32_t fetch_tx0(const BwdArgs &p) { return (TL || p.st16) ? 32768 : 0; }
+template <bool TL> __device__ __forceinline__ uint32_t fetch_tx1(const BwdArgs &p, const FusedMaps &fm) { return (fm.on ? 4 * 16384 : 0) + ((TL || p.rec16) ? 16384 : 0); }
+template <bool TL>
 __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
                                       const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
     void *mb0 = sm + FS::MB, *mb = sm + FS::MB_R;
-    if (t2 == 0 && (fetch_tx0(p) || fetch_tx1(p, fm))) {
+    if (t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
-        if (p.st16) {   /* S0 first: S's first step needs it alone */
-            cfwd::mb_expect(mb0, fetch_tx0(p));
+        if ((TL || p.st16)) {   /* S0 first: S's first step needs it alone */
+            cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
             cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
         }
-        if (fetch_tx1(p, fm)) cfwd::mb_expect(mb, fetch_tx1(p, fm));
+        if (fetch_tx1<TL>(p, fm)) cfwd::mb_expect(mb, fetch_tx1<TL>(p, fm));
         if (fm.on) {   /* in the order P1 reads them: k, Tm and P, v, dO; q last */
             const int r = (int)row0;
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::KR + hb * 8192, &fm.k, 64 * hb, h, r, mb);
-            if (p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+            if ((TL || p.rec16)) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::VR + hb * 8192, &fm.v, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::OR + hb * 8192, &fm.o, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::QR + hb * 8192, &fm.q, 64 * hb, h, r, mb);
-        } else if (p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+        } else if ((TL || p.rec16)) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
     }
 #pragma unroll 1
     for (int e = fm.on ? 4 * CC * 16 : t2; e < 4 * CC * 16; e += 256) {
@@ -274,13 +275,13 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
         const int64_t at = (m < 2 ? row * p.H + h : row * p.HV + j) * (int64_t)128 + c16 * 8;
         gdn::cp16(sm + m * 16384 + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), static_cast<const __nv_bfloat16 *>(x) + at, in);
     }
-    if (!p.st16)
+    if (!(TL || p.st16))
 #pragma unroll 4
         for (int e = t2; e < 128 * 32; e += 256) {   /* S0: 128 rows of 32 pieces */
             const int k = e >> 5, q = e & 31;
             gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
         }
-    if (p.rec16) {
+    if ((TL || p.rec16)) {
         gdn::cp_commit();
         return;
     }
@@ -320,7 +321,7 @@ __device__ __forceinline__ float4 ld_rank(uint32_t a, int b) {
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
     return v;
 }
-template <bool S_SIDE>
+template <bool S_SIDE, bool TL>
 __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t row0, int c, int h) {
     namespace cg = cooperative_groups;
     const cg::cluster_group cl = cg::this_cluster();
@@ -332,7 +333,7 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
     /* the rows' q / k items: S's four warps the first third, V and T's eight
      * the rest; without st16 S's the first three quarters, V and T's the rest
      * after the gate (the two sides then end together) */
-    const int n = 2 * (t1 - t0), ns = p.st16 ? n / 3 : (3 * n) / 4;
+    const int n = 2 * (t1 - t0), ns = (TL || p.st16) ? n / 3 : (3 * n) / 4;
     const int e0 = S_SIDE ? (tidx() >> 5) & 3 : ns + (tidx() >> 5) - 4, e1 = S_SIDE ? ns : n, es = S_SIDE ? 4 : 8;
 #pragma unroll 1
     for (int e = e0; e < e1; e += es) {
@@ -379,15 +380,15 @@ __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Wal
  * as the bf16 tile (st16) there is no barrier F: S waits for S0's
  * mbarrier alone and forms S0 . dS and dS's tile while the rest lands, and
  * the barrier after that step (S) is the chunk's first */
-template <int ROLE, typename Probe>
+template <int ROLE, bool TL, typename Probe>
 __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
-        fetch(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
-        if (p.st16 && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
+        fetch<TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        if ((TL || p.st16) && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
             chunk_gate(p, sm, w, ci + 1);
             gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
         }
@@ -411,8 +412,8 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     }
     probe(10);
     const uint32_t par = (uint32_t)((w.top - 1 - ci) & 1);
-    if (fetch_tx0(p)) cfwd::mb_wait(sm + FS::MB, par);
-    if ((ROLE > 0 || !p.st16) && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB_R, par);   /* S with st16: after its step */
+    if (fetch_tx0<TL>(p)) cfwd::mb_wait(sm + FS::MB, par);
+    if ((ROLE > 0 || !(TL || p.st16)) && fetch_tx1<TL>(p, fm)) cfwd::mb_wait(sm + FS::MB_R, par);   /* S with st16: after its step */
     probe(11);
     if constexpr (ROLE > 0) {
         if (fm.on && c < CC)   /* a sequence's last chunk: the rows past it (another sequence's, or the TMA's zeros) to zero */
@@ -422,7 +423,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
             }
         cfwd::fence_async_smem();
     }
-    if (!p.st16) block_bar<ROLE>();   /* F: S0 staged by V and T's cp.async */
+    if (!(TL || p.st16)) block_bar<ROLE>();   /* F: S0 staged by V and T's cp.async */
 }
 
 /* The clusters' chunks out of step. Every block does the same work a chunk,
@@ -447,7 +448,7 @@ __device__ __forceinline__ void stagger(const BwdArgs &p, const Walk &w, int64_t
  * sums the cluster's rows (without st16; with it the gate runs at the next
  * chunk's start under the fetch, and V and T take two thirds of the rows),
  * then the cluster barrier that frees A and B (S's end is in role_s) */
-template <int ROLE, typename Probe>
+template <int ROLE, bool TL, typename Probe>
 __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk &w, int64_t ci, const Probe &probe) {
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
@@ -463,13 +464,13 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
             s.dbv[t] = t < c ? s.dbv[t] + s.dbk[t] + s.dba[t] : 0.f;
             if (t < c - 1) Rg[(c - 1) * CC + t] += s.ek[t] * s.rl[t];
         }
-        if (!p.st16) {
+        if (!(TL || p.st16)) {
             gdn::bar_named(BAR_G, 256);
             chunk_gate(p, sm, w, ci);
         }
         probe(9);
         cluster_wait<ROLE>();
-        cluster_rows<false>(p, sm, row0, c, w.h);
+        cluster_rows<false, TL>(p, sm, row0, c, w.h);
         probe(8);
     }
     cluster_bar_war<ROLE>();   /* no block reads another's A, B any more */
@@ -514,7 +515,7 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
     } while (0)
 
 /* S: the state gradient */
-__device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
+template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int lane = tidx() & 31, wl = (tidx() >> 5) & 3, tq = f.tq;
     const auto rows = [&] { f = Frag(); tq = f.tq; lane = tidx() & 31; wl = (tidx() >> 5) & 3; };   /* after each barrier (tidx) */
@@ -536,14 +537,14 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, ch
     block_bar<0>();   /* every role's: A, B read (the first chunk's fetch may write A) */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
-        chunk_start<0>(p, fm, sm, w, ci, [&](int k) { FP(k); });
+        chunk_start<0, TL>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
         const int c = w.cnt(ci);
         /* S0 (bf16) into A, dS (bf16) into B; S0 . dS: four 8 x 8 matrices a store
          * (st_blk's order), their S0 values read from the staging area just before */
         float tot = 0.f;
-        if (p.st16) {   /* S0 in A already (bf16): read back in st_blk's order for S0 . dS */
+        if ((TL || p.st16)) {   /* S0 in A already (bf16): read back in st_blk's order for S0 . dS */
             const int m = lane >> 3, row = 16 * wl + 8 * (m & 1) + (lane & 7);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
@@ -594,7 +595,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, ch
         gdn::bar_named(3, 128);
         if (threadIdx.x == 0) Sc(sm).tot[0] = (Sc(sm).red[0] + Sc(sm).red[1]) + (Sc(sm).red[2] + Sc(sm).red[3]);
         PHASE_BAR(0, 1);   /* S */
-        if (p.st16 && fetch_tx1(p, fm)) cfwd::mb_wait(sm + FS::MB_R, (uint32_t)((w.top - 1 - ci) & 1));   /* done: V, T waited */
+        if ((TL || p.st16) && fetch_tx1<TL>(p, fm)) cfwd::mb_wait(sm + FS::MB_R, (uint32_t)((w.top - 1 - ci) & 1));   /* done: V, T waited */
         PHASE_BAR(0, 2);   /* P1 */
         PHASE_BAR(0, 3);   /* P2 */
         /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
@@ -658,7 +659,7 @@ __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, ch
         PHASE_BAR(0, 5);   /* P4 */
         cluster_bar<0>();   /* every block's dQc, dKc in its A, B */
         FP(7);
-        cluster_rows<true>(p, sm, w.row0(ci), c, w.h);
+        cluster_rows<true, TL>(p, sm, w.row0(ci), c, w.h);
         FP(8);
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -692,7 +693,7 @@ __device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_sw1
 __device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_sw128(t + kk * 2048, 16384); }   /* S tiles, k rows */
 
 /* V: dU, dTm, dBv, Xq, dP, dQc; tmp, dA, KK */
-__device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
+template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
@@ -701,7 +702,7 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, ch
     long long t1 = 0;   /* the first chunk's start (stagger) */
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
         stagger(p, w, ci, t1);
-        chunk_start<1>(p, fm, sm, w, ci, [&](int k) { FP(k); });
+        chunk_start<1, TL>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
         const int c = w.cnt(ci);
@@ -905,23 +906,23 @@ __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, ch
             gdn::bar_named(BAR_S, 256);
         }
         PHASE_BAR(1, 5);   /* P4 */
-        chunk_end<1>(p, sm, w, ci, [&](int k) { FP(k); });
+        chunk_end<1, TL>(p, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(6);
     }
-    if (p.st16 && w.top > w.cb) chunk_gate(p, sm, w, w.cb);   /* the last chunk's */
+    if ((TL || p.st16) && w.top > w.cb) chunk_gate(p, sm, w, w.cb);   /* the last chunk's */
     FP_PRINT("V", w.top - w.cb);
 }
 
 /* T: X, U, dKd, dBk, dKc */
-__device__ __forceinline__ void role_t(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
+template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
     const auto rows = [&] { f = Frag(); tq = f.tq; r0 = f.r0; r1 = r0 + 8; };   /* after each barrier (tidx) */
     block_bar<2>();   /* S has read dht from A, B */
     FP_DECL;
     for (int64_t ci = w.top - 1; ci >= w.cb; ci--) {
-        chunk_start<2>(p, fm, sm, w, ci, [&](int k) { FP(k); });
+        chunk_start<2, TL>(p, fm, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(0);
         const int c = w.cnt(ci);
@@ -1046,16 +1047,21 @@ __device__ __forceinline__ void role_t(const BwdArgs &p, const FusedMaps &fm, ch
             st_f32(dkc, (sm + FS::A), f);
         }
         PHASE_BAR(2, 5);   /* P4 */
-        chunk_end<2>(p, sm, w, ci, [&](int k) { FP(k); });
+        chunk_end<2, TL>(p, sm, w, ci, [&](int k) { FP(k); });
         rows();
         FP(6);
     }
-    if (p.st16 && w.top > w.cb) chunk_gate(p, sm, w, w.cb);   /* the last chunk's */
+    if ((TL || p.st16) && w.top > w.cb) chunk_gate(p, sm, w, w.cb);   /* the last chunk's */
     FP_PRINT("T", w.top - w.cb);
 }
 #undef PHASE_BAR
 
-__global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_constant__ FusedMaps fm) {
+/* TL: the instance for the bf16 state and record tiles (st16 and rec16, the
+ * whole-call shapes; every "TL || p.st16" above is that mode known when
+ * compiled), whose chunk loops carry none of the other modes' code: 17.6k ->
+ * 15.1k instructions and 60 / 312 -> 20 / 72 bytes of spills (the pass waits
+ * for its instructions: bench/NOTES.md v5.18, v5.19) */
+template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_constant__ FusedMaps fm) {
     extern __shared__ __align__(1024) char fsm_raw[];
     char *sm = fsm_raw + ((1024 - (saddr(fsm_raw) & 1023)) & 1023);
     Walk w;
@@ -1070,12 +1076,12 @@ __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs p, const __grid_co
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
     if (wg == 0) {
 
-        role_s(p, fm, sm, w);
+        role_s<TL>(p, fm, sm, w);
     } else if (wg == 1) {
-        role_v(p, fm, sm, w);
+        role_v<TL>(p, fm, sm, w);
     } else {
 
-        role_t(p, fm, sm, w);
+        role_t<TL>(p, fm, sm, w);
     }
 }
 
@@ -1091,7 +1097,8 @@ bool Fused::takes(const BwdArgs &p) {
 cudaError_t Fused::attr() {
     static bool done = false;
     if (done) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FS::bytes);
+    cudaError_t e = cudaFuncSetAttribute(fused_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, FS::bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(fused_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, FS::bytes);
     if (e == cudaSuccess) done = true;
     return e;
 }
@@ -1110,7 +1117,7 @@ int Fused::max_clusters(int g) {
         at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        if (attr() != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, fused_kernel, &cfg) != cudaSuccess || n <= 0) {
+        if (attr() != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, fused_kernel<false>, &cfg) != cudaSuccess || n <= 0) {
             (void)cudaGetLastError();
             n = sm_count() / g;
         }
@@ -1135,7 +1142,8 @@ void Fused::launch(const BwdArgs &p, cudaStream_t st) {
     FusedMaps fm{};   /* host only, no stream work: capture-safe */
     fm.on = cfwd::tile_map(&fm.k, p.k, true, p.ntok, p.H, 128, 64, true) && cfwd::tile_map(&fm.q, p.q, true, p.ntok, p.H, 128, 64, true) &&
             cfwd::tile_map(&fm.v, p.v, true, p.ntok, p.HV, 128, 64, true) && cfwd::tile_map(&fm.o, p.dout, true, p.ntok, p.HV, 128, 64, true);
-    cudaLaunchKernelEx(&cfg, fused_kernel, p, fm);
+    if (p.st16 && p.rec16) cudaLaunchKernelEx(&cfg, fused_kernel<true>, p, fm);
+    else cudaLaunchKernelEx(&cfg, fused_kernel<false>, p, fm);
 }
 
 }  // namespace cbwd
