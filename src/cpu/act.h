@@ -140,7 +140,9 @@ static inline gdn_av gdn_rint_v(gdn_av t) {
 static inline gdn_av gdn_expf_v(gdn_av x);
 /* silu and sigmoid of each lane, as gdn_silu_rows and gdn_sigmoidf */
 static inline gdn_av gdn_expf_silu_v(gdn_av x);
+#if defined(__AVX512DQ__) && GDN_AVL == 16
 static inline gdn_av gdn_silu_neg_v(gdn_av z);
+#endif
 static inline gdn_av gdn_silu_v(gdn_av z) {
 #if defined(__AVX512DQ__) && GDN_AVL == 16
     return gdn_silu_neg_v(z);
