@@ -139,17 +139,8 @@ static inline gdn_av gdn_rint_v(gdn_av t) {
 
 static inline gdn_av gdn_expf_v(gdn_av x);
 /* silu and sigmoid of each lane, as gdn_silu_rows and gdn_sigmoidf */
-static inline gdn_av gdn_expf_silu_v(gdn_av x);
-#if defined(__AVX512DQ__) && GDN_AVL == 16
-static inline gdn_av gdn_silu_neg_v(gdn_av z);
-#endif
-static inline gdn_av gdn_silu_v(gdn_av z) {
-#if defined(__AVX512DQ__) && GDN_AVL == 16
-    return gdn_silu_neg_v(z);
-#else
-    return z / (1.f + gdn_expf_silu_v(-z));
-#endif
-}
+static inline gdn_av gdn_expf_silu_neg_v(gdn_av z);
+static inline gdn_av gdn_silu_v(gdn_av z) { return z / (1.f + gdn_expf_silu_neg_v(z)); }
 static inline gdn_av gdn_sigmoid_v(gdn_av z) { return 1.f / (1.f + gdn_expf_v(-z)); }
 
 /* exp(r) on the reduced range, gdn_expf's polynomial */
@@ -179,44 +170,31 @@ static inline gdn_av gdn_expf_v(gdn_av x) {
     return (gdn_av)(~under & (gdn_vi)(p * s));
 }
 
-/* gdn_expf_v where only 1 + exp(x) is used (SiLU, x = -z): below -87 the
- * clamped exp(-87) ~ 1e-38 leaves 1 + exp(x) = 1, as the zero would, so no
- * mask; 2^k applied by vscalefps (exact, as the product with the exact power
- * of two). The same bits as z / (1 + gdn_expf(-z)), five instructions fewer
- * (the clamp stays: below -2^23 the reduction's k is no longer exact, and
- * r, p would be garbage) */
-static inline gdn_av gdn_expf_silu_v(gdn_av x) {
+/* gdn_expf_v(-z) where only 1 + exp(-z) is used (SiLU and its derivative):
+ * where exp(-z) < 2^-24, 1 + exp(-z) = 1 whatever it is, so no mask; 2^k
+ * applied by vscalefps (exact, as the product with the exact power of two).
+ * The same bits as 1 + gdn_expf(-z) for every non-NaN z. With AVX512DQ, z
+ * clamped to [-88, 88] by one vrangeps (the smaller magnitude of z and 88,
+ * z's sign; below -87 gdn_expf's zero and exp(-88) both leave 1) and -z taken
+ * inside the reduction's products: the clamp's max, min and the negation they
+ * kept were ~1/8 of the SiLU's time (bench/NOTES.md CPU v23). The clamp
+ * stays: past 2^23 the reduction's k is no longer exact and r, p would be
+ * garbage. A NaN z gives 1 + exp(+-88) there, not NaN: the callers' results
+ * stay NaN through z itself. */
+static inline gdn_av gdn_expf_silu_neg_v(gdn_av z) {
 #if defined(__AVX512DQ__) && GDN_AVL == 16
-    /* x clamped to [-88, 88] by one vrangeps (the smaller magnitude of x
-     * and 88, x's sign): below -87 exp(x) < 2^-125 leaves 1 + exp(x) = 1 as
-     * gdn_expf's zero does, so the same bits (bench/NOTES.md CPU v23: the
-     * clamp's two instructions were ~1/8 of the SiLU's time). A NaN x gives
-     * +-88 here, not NaN: the callers' results stay NaN through z itself */
-    const gdn_av xc = (gdn_av)_mm512_range_ps((__m512)x, _mm512_set1_ps(88.0f), 0x02);
-    const gdn_av k = gdn_rint_v(xc * 1.44269504088896341f);
-    gdn_av r = k * -0.693145751953125f + xc;
-    r = k * -1.428606765330187e-06f + r;
-    const gdn_av p = gdn_expf_poly_r_v(r);
-    return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
-#elif defined(__AVX512F__) && GDN_AVL == 16
-    gdn_av k;
-    const gdn_av p = gdn_expf_poly_v(x, &k);
-    return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
-#else
-    return gdn_expf_v(x);
-#endif
-}
-#if defined(__AVX512DQ__) && GDN_AVL == 16
-/* z / (1 + gdn_expf_silu_v(-z)) with the negation folded into the
- * reduction's products (z clamped to [-88, 88]: the same bits) */
-static inline gdn_av gdn_silu_neg_v(gdn_av z) {
     const gdn_av zc = (gdn_av)_mm512_range_ps((__m512)z, _mm512_set1_ps(88.0f), 0x02);
     const gdn_av k = gdn_rint_v(zc * -1.44269504088896341f);
     gdn_av r = k * -0.693145751953125f - zc;
     r = k * -1.428606765330187e-06f + r;
-    const gdn_av p = gdn_expf_poly_r_v(r);
-    return z / (1.f + (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k));
-}
+    return (gdn_av)_mm512_scalef_ps((__m512)gdn_expf_poly_r_v(r), (__m512)k);
+#elif defined(__AVX512F__) && GDN_AVL == 16
+    gdn_av k;
+    const gdn_av p = gdn_expf_poly_v(-z, &k);
+    return (gdn_av)_mm512_scalef_ps((__m512)p, (__m512)k);
+#else
+    return gdn_expf_v(-z);
 #endif
+}
 
 #endif

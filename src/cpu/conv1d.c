@@ -679,7 +679,7 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
             gdn_av z = bv;                                                                                \
             for (int w = 0; w < W - 1; w++) z += wv[w] * xh[w];                                           \
             z += wv[W - 1] * xt;                                                                          \
-            const gdn_av sg = 1.f / (1.f + gdn_expf_silu_v(-z));                                          \
+            const gdn_av sg = 1.f / (1.f + gdn_expf_silu_neg_v(z));                                       \
             g = g * sg * (1.f + z * (1.f - sg));                                                          \
         }                                                                                                 \
         dz = g;                                                                                           \
@@ -727,7 +727,7 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
 INLINE void bwd_direct_row(const int W, const int silu, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos,
                            int64_t L, int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias) {
     for (int v = v0; v < v1; v++)
-        bwd_direct_steps(W, silu, c, a, n, bos, L, t0, t1, v * GDN_AVL, sv + (size_t)(v - v0) * (3 * W - 1),
+        bwd_direct_steps(W, silu, c, a, n, bos, L, t0, t1, v * GDN_AVL, sv + (size_t)(v - v0) * bwd_vec_len(W),
                          sd + (size_t)(v - v0) * (W + 1) * GDN_AVL, wT, bias);
 }
 
