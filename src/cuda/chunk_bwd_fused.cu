@@ -248,7 +248,7 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
     void *mb0 = sm + FS::MB, *mb = sm + FS::MB_R;
     if (t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
-        if ((TL || p.st16)) {   /* S0 first: S's first step needs it alone */
+        if (TL || p.st16) {   /* S0 first: S's first step needs it alone */
             cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
             cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
         }
@@ -257,14 +257,14 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
             const int r = (int)row0;
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::KR + hb * 8192, &fm.k, 64 * hb, h, r, mb);
-            if ((TL || p.rec16)) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+            if (TL || p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::VR + hb * 8192, &fm.v, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::OR + hb * 8192, &fm.o, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::QR + hb * 8192, &fm.q, 64 * hb, h, r, mb);
-        } else if ((TL || p.rec16)) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+        } else if (TL || p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
     }
 #pragma unroll 1
     for (int e = fm.on ? 4 * CC * 16 : t2; e < 4 * CC * 16; e += 256) {
@@ -281,7 +281,7 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
             const int k = e >> 5, q = e & 31;
             gdn::cp16(sm + FS::C + f32_at(k, 4 * q), S0 + (int64_t)k * 128 + 4 * q, true);
         }
-    if ((TL || p.rec16)) {
+    if (TL || p.rec16) {
         gdn::cp_commit();
         return;
     }
@@ -544,7 +544,7 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
         /* S0 (bf16) into A, dS (bf16) into B; S0 . dS: four 8 x 8 matrices a store
          * (st_blk's order), their S0 values read from the staging area just before */
         float tot = 0.f;
-        if ((TL || p.st16)) {   /* S0 in A already (bf16): read back in st_blk's order for S0 . dS */
+        if (TL || p.st16) {   /* S0 in A already (bf16): read back in st_blk's order for S0 . dS */
             const int m = lane >> 3, row = 16 * wl + 8 * (m & 1) + (lane & 7);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
