@@ -591,6 +591,7 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
     free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
 }
 
+static const int64_t lens_ks[] = {0, 1, 200, 65, 0, 130};
 static void test_cuda_chunk_bwd(rng *r) {
     const gdn_dtype dts[3] = {GDN_F32, GDN_BF16, GDN_F16};
     const unsigned L2 = GDN_QK_L2NORM, GF = GDN_GATE_FUSED, BS = GDN_BETA_SIGMOID, BN = GDN_BETA_NEGATIVE, VF = GDN_STATE_V_FIRST;
@@ -627,6 +628,21 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .flags = fsets[(si + di) % 8], .gmode = (int)(si % 3), .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
             bwd_case(&tc, rng_u64(r));
         }
+    /* the K split of the local stage (128 < K <= 256, G = 1: two blocks an item, the sums over K exchanged
+     * between them): K whole and partial halves (256, 200, 136, 130), V below, at and past a panel,
+     * every dtype, varlen with empty and short sequences, and a sequence cut into segments */
+    {
+        const int ks[][3] = {{256, 256, 1}, {200, 72, 2}, {136, 40, 0}, {130, 128, 1}, {256, 16, 2}, {192, 256, 1}};
+        for (int si = 0; si < 6; si++) {
+            if (g_quick && si % 2) continue;
+            bcase tc = {.B = 2, .T = 150 + 60 * si, .H = 2, .HV = 2, .K = ks[si][0], .V = ks[si][1], .dt = dts[ks[si][2]],
+                        .gdt = GDN_F32, .flags = fsets[(3 * si + 4) % 8], .gmode = si % 3, .beta_mode = si % 3, .h0 = si != 2,
+                        .dht = si != 4, .dh0 = 1, .dtb = 1};
+            if (si == 1) { tc.lens = lens_ks; tc.nseq = 6; }
+            if (si == 5) { tc.B = 1; tc.T = 1500; tc.H = 1; tc.HV = 1; tc.split = 3; }
+            bwd_case(&tc, rng_u64(r));
+        }
+    }
     /* pinned (a random base seed found it): hard gates leave the last token's da to carry the head's
      * norm, and its dg = <dS, exp(g) S> cancelled to 1/4.9 of its terms; the fused pass (dS a bf16
      * operand of K dS and U dS^T) was 1.35x da's plain bound there, 0.29x against the terms

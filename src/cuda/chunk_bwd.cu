@@ -107,18 +107,14 @@ Scr scr_layout(int K, int V) {
 
 int64_t nslots_of(const gdn_plan *pl) { return pl->c.B * pl->c.T / CC + pl->N + 1; }
 
-/* the chunk-local stage for K <= 128 (chunk_bwd_local.cu); the group stage of
- * chunk_bwd_grp.cu for larger K */
-bool use_local(int K) { return k8(K) <= 128; }
-
 /* slots per group: whole slots, about 512 items for the group stage (a few
  * blocks per SM), 2048 for the chunk-local stage (one block per SM, a small
  * scratch per item); all of them at once for the chunk-local stage in
  * clusters (no scratch: one launch, one partly filled last wave) */
 int64_t group_slots(const gdn_plan *pl) {
     const int64_t ns = nslots_of(pl);
-    if (use_local(pl->c.K) && local_cluster(pl->c.K, pl->G) && ns * pl->c.HV <= INT32_MAX) return ns;
-    int64_t g = (use_local(pl->c.K) ? 2048 : 512) / pl->c.HV;
+    if (use_local(pl->c.K, pl->G) && local_cluster(pl->c.K, pl->G) && ns * pl->c.HV * (local_ks(pl->c.K, pl->G) ? 2 : 1) <= INT32_MAX) return ns;
+    int64_t g = (use_local(pl->c.K, pl->G) ? 2048 : 512) / pl->c.HV;
     if (g < 1) g = 1;
     return g < ns ? g : ns;
 }
@@ -128,7 +124,7 @@ int64_t group_slots(const gdn_plan *pl) {
  * clusters fit only in a GPC's SMs (30 clusters of 4 on a 132-SM H100, not
  * 33: a grid of 32 runs in two waves) */
 int64_t stage_at_once(const gdn_plan *pl) {
-    if (!use_local(pl->c.K) || !local_cluster(pl->c.K, pl->G) || pl->G <= 1) return sm_count();
+    if (!use_local(pl->c.K, pl->G) || !local_cluster(pl->c.K, pl->G) || pl->G <= 1) return sm_count();
     return (int64_t)Fused::max_clusters(pl->G) * pl->G;
 }
 
@@ -177,7 +173,7 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
  * bit, so their size may follow the card's SM count. */
 int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     const gdn_config *c = &pl->c;
-    if (!use_local(c->K) || !local_cluster(c->K, pl->G) || Ns <= 0) return 0;
+    if (!use_local(c->K, pl->G) || !local_cluster(c->K, pl->G) || local_ks(c->K, pl->G) || Ns <= 0) return 0;
     int64_t total = 0;
     for (int64_t n = 0; n < pl->N; n++) {
         int64_t bos, len;
@@ -250,7 +246,7 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     l.carry = o; o += l.wn ? al((size_t)l.Ns * c->HV * kv * sizeof(float)) : 0;
     l.ckpt = o; o += l.rw ? al((size_t)(l.nw - 1) * l.Ns * c->HV * kv * sizeof(float)) : 0;   /* windows 1.. */
     l.part = o; o += al(2 * items * sizeof(double));
-    const int64_t F = use_local(c->K) ? (local_cluster(c->K, pl->G) ? 0 : local_scr(c->K).F) : scr_layout(c->K, c->V).F;
+    const int64_t F = use_local(c->K, pl->G) ? (local_cluster(c->K, pl->G) ? 0 : local_scr(c->K).F) : scr_layout(c->K, c->V).F;
     l.scr = o; o += al((size_t)group_slots(pl) * c->HV * F * sizeof(float));
     l.scu = l.sseq = l.first = l.h0s = l.dhts = l.dsl = l.fws = o;
     if (l.sc) {
@@ -372,8 +368,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     const bool one = p.dt != 0 && K >= 16;
     if ((e = PrepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
     if ((e = SweepPass<SPLIT>::attr(K)) != cudaSuccess) return e;
-    const bool local = use_local(K);
-    if ((e = local ? (one ? LocalPass<false>::attr(K) : LocalPass<SPLIT>::attr(K))
+    const bool local = use_local(K, p.G);
+    if ((e = local ? (one ? LocalPass<false>::attr(K, p.G) : LocalPass<SPLIT>::attr(K, p.G))
                    : (one ? GrpPass<false>::attr(K, V) : GrpPass<SPLIT>::attr(K, V))) != cudaSuccess)
         return e;
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */

@@ -221,11 +221,12 @@ __device__ inline bool load_rows16(float *dst, int ld, const void *x, int dt, in
  * columns >= K are zero.
  * By 16-byte pieces where aligned (load_rows16); else a warp per row, two
  * rows at a time, the lanes along the row, 2 x 9 loads in flight per lane */
-__device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rstd, int64_t row0, int c, int h, float *dst, int ld) {
+__device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rstd, int64_t row0, int c, int h, float *dst, int ld,
+                               int i0 = 0, int n = -1) {   /* columns [i0, i0 + n) of the rows (n < 0: all of K) */
     constexpr int PER = (256 + 4 + 31) / 32;   /* ld <= 260 */
     const bool l2 = (p.flags & GDN_QK_L2NORM) && rstd;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = p.K;
-    if (load_rows16(dst, ld, x, p.dt, row0, c, p.H, h, K, 0, K, l2 ? rstd : nullptr)) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = n < 0 ? p.K : n;
+    if (load_rows16(dst, ld, x, p.dt, row0, c, p.H, h, p.K, i0, K, l2 ? rstd : nullptr)) {
         for (int e = threadIdx.x; e < CC * ld; e += NT) {   /* the zeros: rows past c, columns past K */
             const int t = e / ld, i = e - t * ld;
             if (t >= c || i >= K) dst[e] = 0.f;
@@ -242,7 +243,7 @@ __device__ inline void load_qk(const BwdArgs &p, const void *x, const float *rst
 #pragma unroll
             for (int u = 0; u < PER; u++) {
                 const int i = lane + 32 * u;
-                v[r][u] = t < c && i < K ? gdn::ld(x, at * K + i, p.dt) : 0.f;
+                v[r][u] = t < c && i < K ? gdn::ld(x, at * p.K + i0 + i, p.dt) : 0.f;
             }
         }
 #pragma unroll
@@ -478,9 +479,17 @@ struct Grp {
     bool cl;         /* the local stage in clusters of G blocks: dq, dk summed there, no scratch (local_cluster) */
 };
 
+/* the local stage for 128 < K <= 256 without value-head groups (G = 1): a
+ * cluster of two blocks an item, block r holding columns [128 r, 128 r + 128)
+ * of K and exchanging the partial sums over K through distributed shared
+ * memory (chunk_bwd_local.cu, KS) */
+__host__ __device__ inline bool local_ks(int K, int G) { return k8(K) > 128 && k8(K) <= 256 && G == 1; }
+/* the chunk-local stage of chunk_bwd_local.cu (else the group stage of chunk_bwd_grp.cu) */
+__host__ __device__ inline bool use_local(int K, int G) { return k8(K) <= 128 || local_ks(K, G); }
 /* the local stage sums dQc, dKc over the G value heads in a thread-block
- * cluster of G blocks (portable sizes) instead of the scratch and grp_qk_kernel */
-__host__ __device__ inline bool local_cluster(int K, int G) { return k8(K) <= 128 && G <= 8; }
+ * cluster of G blocks (portable sizes) instead of the scratch and grp_qk_kernel;
+ * with the K split its two blocks are the cluster */
+__host__ __device__ inline bool local_cluster(int K, int G) { return (k8(K) <= 128 && G <= 8) || local_ks(K, G); }
 
 template <typename Kern>
 cudaError_t smem_attr(Kern k, int bytes) {   /* host-side only: capture-safe */
@@ -535,11 +544,11 @@ template <bool SPLIT> struct GDN_CBWD_HIDDEN GrpPass {
 /* chunk_bwd_grp.cu: dq, dk of a group from the items' dQc, dKc in the scratch
  * (G.o.dQc, G.o.dKc): the sum over the value heads and the L2 norm chain */
 GDN_CBWD_HIDDEN void grp_qk_launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
-/* chunk_bwd_local.cu: the chunk-local stage for K <= 128, one group of nsl
- * slots; its items' dQc, dKc into the scratch (local_scr) */
+/* chunk_bwd_local.cu: the chunk-local stage (use_local), one group of nsl
+ * slots; its items' dQc, dKc into the scratch (local_scr) where not in clusters */
 GDN_CBWD_HIDDEN Scr local_scr(int K);
 template <bool SPLIT> struct GDN_CBWD_HIDDEN LocalPass {
-    static cudaError_t attr(int K);
+    static cudaError_t attr(int K, int G);
     static void launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st);
 };
 GDN_CBWD_HIDDEN void dparam_launch(const BwdArgs &p, cudaStream_t st);

@@ -51,8 +51,8 @@ template <int KH> struct Lay {
     /* q's raw rows (64 x KH 16-bit values) staged by cp.async during the V walk, past its arrays */
     static constexpr int Qstage = end1, end3 = Qstage + CC * KH / 2;
     static constexpr int end = end2 > end3 ? end2 : end3;
-    /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32], gt (GateTok's) */
-    static constexpr int floats = end + 2 * CC + 6 * CC + 4 * CC + 32 + GT_FLOATS;
+    /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32], gt (GateTok's), ksv[4] (KS) */
+    static constexpr int floats = end + 2 * CC + 6 * CC + 4 * CC + 32 + GT_FLOATS + 4;
     static_assert(CC * (CC + 1) * 2 <= 2 * CC * LK, "gate_store's prefix sums fit in Q and dWk");
 };
 
@@ -187,9 +187,9 @@ __device__ __forceinline__ void load_panel(float *dst, const float *S, int K, in
 template <bool SPLIT, int KH> struct PanelFetch {
     static constexpr int N4 = KH * VP / 4 / NT;   /* 16-byte pieces per thread and state */
     Rows16<1> v, o;
-    __device__ __forceinline__ void issue(const BwdArgs &p, const float *S0, const float *dS, int64_t row0, int c, int j, int v0,
+    __device__ __forceinline__ void issue(const BwdArgs &p, int K, const float *S0, const float *dS, int64_t row0, int c, int j, int v0,
                                           float *s0b, float *dsb) {
-        const int K = p.K, V = p.V;
+        const int V = p.V;
 #pragma unroll
         for (int u = 0; u < N4; u++) {
             const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
@@ -204,13 +204,13 @@ template <bool SPLIT, int KH> struct PanelFetch {
         o.issue(p.dout, p.dt, row0, c, p.HV, j, V, v0, VP, nullptr, 0);
     }
     /* returns the thread's part of the sum of S0 * dS over the panel */
-    __device__ __forceinline__ float commit(const BwdArgs &p, int c, float *s0b, float *dsb, float *Vp, float *dOp) const {
+    __device__ __forceinline__ float commit(const BwdArgs &p, int K, int c, float *s0b, float *dsb, float *Vp, float *dOp) const {
         gdn::cp_wait_all();
         float tot = 0.f;
 #pragma unroll
         for (int u = 0; u < N4; u++) {
             const int e = threadIdx.x + u * NT, i = e / (VP / 4), q = e % (VP / 4);
-            if (i < p.K) {
+            if (i < K) {
                 float4 *x = reinterpret_cast<float4 *>(s0b + i * LP + 4 * q), *y = reinterpret_cast<float4 *>(dsb + i * LP + 4 * q);
                 const float4 a = *x, b = *y;
                 tot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, tot))));
@@ -555,12 +555,13 @@ template <> struct QKRow<false> {
     static __device__ __forceinline__ float f(T x, int) { return x; }
     static __device__ __forceinline__ T to(float v, int) { return v; }
 };
-template <int KH, bool B16>
+template <int KH, bool B16, bool KS = false>
 __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0, int c, int h, const float *dQs, const float *dKs, int ld) {
     namespace cg = cooperative_groups;
     using R = QKRow<B16>;
     using T = typename R::T;
-    constexpr int PER = KH / 32, RB = 4;
+    /* KS: the two blocks hold columns [0, KH) and [KH, 2 KH) of the one value head's sums */
+    constexpr int PER = (KS ? 2 * KH : KH) / 32, RB = KS ? 2 : 4;
     const cg::cluster_group cl = cg::this_cluster();
     const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
     const int t1 = t0 + per < c ? t0 + per : c, K = p.K, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i0 = lane * PER;
@@ -584,14 +585,18 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
                 for (int u = 0; u < PER; u++) a[qk][r][u] = 0.f;
             }
         /* rows past t1 are read too (within the block's shared memory) and never used: all of a block's loads in flight at once */
-        for (int b = 0; b < nb; b++) {
+        for (int b = 0; b < (KS ? 1 : nb); b++) {
             float y[2][RB][PER];
 #pragma unroll
             for (int qk = 0; qk < 2; qk++) {
-                const float *src = cl.map_shared_rank(qk ? dKs : dQs, b) + tb * ld + i0;
+                const float *src = cl.map_shared_rank(qk ? dKs : dQs, KS ? i0 / KH : b) + tb * ld + (KS ? i0 % KH : i0);
 #pragma unroll
                 for (int r = 0; r < RB; r++) {
-                    if constexpr (PER == 4) {
+                    if constexpr (PER == 8) {
+                        const float4 v = *reinterpret_cast<const float4 *>(src + r * ld), w = *reinterpret_cast<const float4 *>(src + r * ld + 4);
+                        y[qk][r][0] = v.x; y[qk][r][1] = v.y; y[qk][r][2] = v.z; y[qk][r][3] = v.w;
+                        y[qk][r][4] = w.x; y[qk][r][5] = w.y; y[qk][r][6] = w.z; y[qk][r][7] = w.w;
+                    } else if constexpr (PER == 4) {
                         const float4 v = *reinterpret_cast<const float4 *>(src + r * ld);
                         y[qk][r][0] = v.x; y[qk][r][1] = v.y; y[qk][r][2] = v.z; y[qk][r][3] = v.w;
                     } else {
@@ -644,23 +649,59 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
 /* gate_store's sums: double with 3xTF32 products, float with single tf32 ones */
 template <bool SPLIT> using GateSum = typename std::conditional<SPLIT, double, float>::type;
 
-/* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without */
-template <bool SPLIT, int KH, bool WG>
+/* ---- the K split (KS): an item's two blocks are a cluster, block r holding
+ * columns [128 r, 128 r + 128) of K (its rows of S0 and dS, its columns of
+ * k, q and of every c x K sum); each sum over K (X' = K S0 and dU' = K dS
+ * a panel, the row dots, dWk Bk^T, K K^T, S0 . dS) is the two blocks'
+ * partials added as own + partner's, the same bits in both. The exchanges
+ * are ordered by the cluster barrier (arrive with release, wait with
+ * acquire), each buffer written again only after a barrier the partner
+ * reaches once it has read it. ---- */
+__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_sync() { ks_arrive(); ks_wait(); }
+/* the partner block's copy of shared array x */
+template <typename T> __device__ __forceinline__ T *ks_peer(T *x) {
+    namespace cg = cooperative_groups;
+    return cg::this_cluster().map_shared_rank(x, (int)cg::this_cluster().block_rank() ^ 1);
+}
+/* a warp tile's accumulator (its first NQ n8 tiles) to / from an array by thread */
+template <int NQ> __device__ __forceinline__ void ks_put(float *buf, const float (&a)[4][4]) {
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) buf[(q * 4 + r) * NT + threadIdx.x] = a[q][r];
+}
+template <int NQ> __device__ __forceinline__ void ks_add(const float *peer, float (&a)[4][4]) {
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[q][r] += peer[(q * 4 + r) * NT + threadIdx.x];
+}
+
+/* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without.
+ * KS: the K split above (KH = 128, 128 < K <= 256, G = 1) */
+template <bool SPLIT, int KH, bool WG, bool KS = false>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     using L = Lay<KH>;
     constexpr int LK = L::LK, NR = KH / 64;
+    static_assert(!KS || (KH == 128 && !WG), "the K split: halves of 128 columns, the V walk on mma.sync");
     extern __shared__ __align__(16) float sm[];
+    const int kh = KS ? (int)(blockIdx.x & 1) : 0;                   /* the block's half of K (its rank in the cluster) */
+    const int64_t bx = KS ? blockIdx.x >> 1 : blockIdx.x;            /* the item */
     int64_t slot, n = 0, ci = 0;   /* (sequence, chunk) where the state gradients are windowed */
     if (p.wn) {                    /* the window's items */
-        if (!window_item(p, blockIdx.x / p.HV, &n, &ci, &slot)) return;   /* the whole cluster: its blocks share the item */
+        if (!window_item(p, bx / p.HV, &n, &ci, &slot)) return;   /* the whole cluster: its blocks share the item */
     } else {
-        slot = G.s0 + blockIdx.x / p.HV;
+        slot = G.s0 + bx / p.HV;
     }
-    const int j = blockIdx.x % p.HV, h = j / p.G, c = p.slot_c[slot];
+    const int j = (int)(bx % p.HV), h = j / p.G, c = p.slot_c[slot];
     if (c == 0) return;
     const int64_t row0 = p.slot_row0[slot];
     const float *rec = rec_at(p, n, slot, ci, j);
-    const int K = p.K, V = p.V, Kp = k8(K), tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* K: the block's columns of K (from ko) */
+    const int ko = KH * kh, K = KS ? (p.K - ko < KH ? p.K - ko : KH) : p.K, V = p.V, Kp = k8(K), tid = threadIdx.x, warp = tid >> 5,
+              lane = tid & 31;
     const int wr = (warp & 3) * 16, wc = warp >> 2, kc0 = wc * (KH / 2), cc0 = wc * 32, pi0 = panel_i0();
     float *Kc = sm + L::Kc, *Tm = sm + L::Tm, *PT = sm + L::P;
     /* the two pairs of S0, dS panel buffers: pair b at S0b(b), dSb(b) */
@@ -673,12 +714,13 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     double *gcd = reinterpret_cast<double *>(sm + L::end);
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *dgc = ek + CC, *dbt = dgc + CC,
           *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC, *gt = red + 32;
-    const float *S0 = state_at(p, n, slot, ci, j), *dS = dstate_at(p, n, slot, ci, j);
+    const float *S0 = state_at(p, n, slot, ci, j) + (int64_t)ko * V, *dS = dstate_at(p, n, slot, ci, j) + (int64_t)ko * V;
+    float *ksv = gt + GT_FLOATS, *kx = sm + L::Qstage;   /* KS: S0 . dS; the panels' partials (q is not staged) */
     BP_DECL;
 
     /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight
      * together), and the first panel's rows */
-    const bool fetch = !WG && panel_fetch_ok(p), qstage = q_stage_ok(p);
+    const bool fetch = !WG && panel_fetch_ok(p), qstage = !KS && q_stage_ok(p);
     PanelFetch<SPLIT, KH> pf;
     QFetch<SPLIT, KH> qf;
     uint16_t *stage = reinterpret_cast<uint16_t *>(sm + L::Qstage);
@@ -698,8 +740,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         r.issue(rec);
         gk.issue(p, rec, row0, c, j);
         if (qstage) qf.issue(p, row0, c, h, stage);   /* in flight through the whole V walk */
-        if (fetch) pf.issue(p, S0, dS, row0, c, j, 0, S0b(0), dSb(0));
-        load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK);
+        if (fetch) pf.issue(p, K, S0, dS, row0, c, j, 0, S0b(0), dSb(0));
+        load_qk(p, p.k, p.rstd_k, row0, c, h, Kc, LK, ko, K);
         commit_mat<SPLIT>(mt, Tm, false);
         commit_mat<SPLIT>(mp, PT, true);
         r.commit(gcd, gam, bet);
@@ -769,8 +811,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         float *S0p = S0b(pn), *dSp = dSb(pn);
         __syncthreads();   /* the previous panel's arrays are no longer read (and ek, Kc are set) */
         if (fetch) {
-            tot += pf.commit(p, c, S0p, dSp, Vp, dOp);
-            if (v0 + VP < V) pf.issue(p, S0, dS, row0, c, j, v0 + VP, S0b(pn ^ 1), dSb(pn ^ 1));   /* the next panel's */
+            tot += pf.commit(p, K, c, S0p, dSp, Vp, dOp);
+            if (v0 + VP < V) pf.issue(p, K, S0, dS, row0, c, j, v0 + VP, S0b(pn ^ 1), dSb(pn ^ 1));   /* the next panel's */
         } else {
             load_panel<SPLIT, KH>(S0p, S0, K, V, v0);
             load_panel<SPLIT, KH>(dSp, dS, K, V, v0);
@@ -783,15 +825,24 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
             for (int e = tid; e < K * VP; e += NT) tot = fmaf(S0p[(e / VP) * LP + e % VP], dSp[(e / VP) * LP + e % VP], tot);
         {
             /* X = Bv - Bk S0 = beta v - beta exp(gc) K S0, stored transposed */
-            float a[4][4] = {};
+            float a[4][4] = {}, b[4][4] = {}, d[4][4] = {};
             panel_acc<SPLIT, false, true>(a, 0, KH, Kc, LK, S0p, LP);
+            panel_acc<SPLIT, false, true>(d, 0, KH, Kc, LK, dSp, LP);
+            if constexpr (KS) {   /* X' and dU' summed over both halves of K */
+                if (v0 > 0) ks_wait();   /* the partner has read the last panel's */
+                ks_put<2>(kx, a);
+                ks_put<2>(kx + 8 * NT, d);
+                ks_sync();
+                const float *px = ks_peer(kx);
+                ks_add<2>(px, a);
+                ks_add<2>(px + 8 * NT, d);
+                ks_arrive();
+            }
             panel_store(a, [&](int t, int v, float acc) {
                 XT[v * R4 + t] = gdn::tf32r_if<SPLIT>(t < c ? bet[t] * Vp[t * LP + v] - (bet[t] * gam[t]) * acc : 0.f);
             });
             /* dU = P^T dO + diag(ek) K dS */
-            float b[4][4] = {}, d[4][4] = {};
             panel_acc<SPLIT, false, true>(b, pi0, CC, PT, R4, dOp, LP);
-            panel_acc<SPLIT, false, true>(d, 0, KH, Kc, LK, dSp, LP);
 #pragma unroll
             for (int q = 0; q < 4; q++)
 #pragma unroll
@@ -823,7 +874,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         }
         __syncthreads();
         BP(4);
-        /* dv = beta dBv; dbeta gets dBv . v */
+        /* dv = beta dBv (KS: the two blocks' panels alternate); dbeta gets dBv . v */
+        if (!KS || ((v0 / VP) & 1) == kh)
         for (int e = tid; e < c * VP; e += NT) {
             const int t = e / VP, v = e % VP;
             if (v0 + v < V) gdn::st(p.dv, ((row0 + t) * p.HV + j) * (int64_t)V + v0 + v, bet[t] * Xp[t * LP + v], p.dt);
@@ -836,6 +888,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         BP(5);
     }
     }
+    if (KS) ks_wait();   /* the last panel's partials read */
     tot = gdn::block_sum(tot, red);
     __syncthreads();   /* the panel arrays are free: the K side's arrays take their place */
     BP(6);
@@ -845,7 +898,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         gdn::cp_wait_all();
         qf.commit(p, stage, Qs, LK, row);   /* row: free until gate_store */
     } else {
-        load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, LK);
+        load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, LK, ko, K);
     }
     BP(14);
     store_ck<NR>(aWk, wr, kc0, KH, [&](int t, int i, float x) { dWk[t * LK + i] = gdn::tf32r_if<SPLIT>(-x); });
@@ -869,12 +922,24 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     row_dots<NR>(aKd, Kc, LK, wr, kc0, rpa + wc * CC);
     row_scale<NR>(aXq, wr, [&](int t) { return t < c ? p.scale * gam[t] : 0.f; });   /* dQc = scale exp(gc) Xq */
     row_scale<NR>(aKd, wr, [&](int t) { return ek[t]; });                               /* dKc = exp(gc_last - gc) dKd */
-    __syncthreads();
+    if (KS) {
+        if (tid == 0) ksv[0] = tot;
+        ks_sync();   /* the row dots and S0 . dS of both halves */
+    } else {
+        __syncthreads();
+    }
     BP(7);
     if (tid < c) {
-        dgc[tid] += p.scale * gam[tid] * (rpb[tid] + rpb[CC + tid]);
-        if (tid < c - 1) Rg[(c - 1) * R4 + tid] += ek[tid] * (rpa[tid] + rpa[CC + tid]);
-        else dgc[tid] += gam[tid] * tot;
+        float qx = rpb[tid] + rpb[CC + tid], kd = rpa[tid] + rpa[CC + tid], st = tot;
+        if (KS) {
+            const float *pb = ks_peer(rpb), *pa = ks_peer(rpa);
+            qx += pb[tid] + pb[CC + tid];
+            kd += pa[tid] + pa[CC + tid];
+            st += *ks_peer(ksv);
+        }
+        dgc[tid] += p.scale * gam[tid] * qx;
+        if (tid < c - 1) Rg[(c - 1) * R4 + tid] += ek[tid] * kd;
+        else dgc[tid] += gam[tid] * st;
     }
     /* dQc += dP~ K; dKc += dP~^T Q; dTm += dWk Bk^T, strictly lower */
     acc_ck<SPLIT, false, true, NR>(aXq, wr, kc0, 0, wr + 16, dP, R4, Kc, LK);
@@ -882,11 +947,17 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     {
         float a[4][4] = {};
         if (cc_live) gdn::warp_mma_s<SPLIT, false, false, 4>(a, dWk, LK, Kc, LK, wr, cc0, 0, Kp);
+        if constexpr (KS) {   /* summed over both halves, through tmp's place (free until tmp) */
+            ks_put<4>(tmp, a);
+            ks_sync();
+            ks_add<4>(ks_peer(tmp), a);
+        }
         gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) {
             dTm[t * R4 + u] = u < t ? gdn::tf32r_if<SPLIT>(dTm[t * R4 + u] + x * (bet[u] * gam[u])) : 0.f;
         });
     }
-    __syncthreads();
+    if (KS) ks_sync();   /* and the partner has read tmp's place */
+    else __syncthreads();
     BP(8);
     /* dBk = Tm^T dWk (in aWk); tmp = dTm Tm^T */
     {
@@ -903,10 +974,15 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         row_dots<NR>(dBk, Kc, LK, wr, kc0, rpa + wc * CC);
         row_axpy<NR>(aKd, dBk, wr, [&](int t) { return t < c ? bet[t] * gam[t] : 0.f; });
     }
-    __syncthreads();
+    if (KS) ks_sync();   /* the row dots of both halves */
+    else __syncthreads();
     BP(9);
     if (tid < c) {
-        const float kd = rpa[tid] + rpa[CC + tid];
+        float kd = rpa[tid] + rpa[CC + tid];
+        if (KS) {
+            const float *pa = ks_peer(rpa);
+            kd += pa[tid] + pa[CC + tid];
+        }
         dbt[tid] += gam[tid] * kd;
         dgc[tid] += (bet[tid] * gam[tid]) * kd;
     }
@@ -919,15 +995,17 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         if (cc_live) gdn::warp_mma_s<SPLIT, false, false, 4>(b, Kc, LK, Kc, LK, wr, cc0, 0, Kp);
         gdn::warp_store(b, wr, cc0, 4, CC, CC, [&](int t, int u, float x) { dWk[t * R4 + u] = x; });
     }
-    __syncthreads();
+    if (KS) ks_sync();   /* K K^T of both halves (read in place by the partner until the cluster barrier before dq, dk) */
+    else __syncthreads();
     BP(10);
     /* A_tu = beta_t E_tu KK_tu: dbeta, the pair terms, and dA becomes dKK */
     {
         float *dA = dTm, *KK = dWk;
+        const float *KKp = KS ? ks_peer(KK) : KK;
         for (int t = warp; t < c; t += NT / 32) {
             float db = 0.f;
             for (int u = lane; u < t; u += 32) {
-                const float E = dA[t * R4 + u] * Ef(gcd, t, u), kk = KK[t * R4 + u];
+                const float E = dA[t * R4 + u] * Ef(gcd, t, u), kk = KS ? KK[t * R4 + u] + KKp[t * R4 + u] : KK[t * R4 + u];
                 db = fmaf(E, kk, db);
                 Rg[t * R4 + u] += E * bet[t] * kk;
                 dA[t * R4 + u] = gdn::tf32r_if<SPLIT>(bet[t] * E);
@@ -943,7 +1021,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     }
     /* dQc, dKc summed over the value heads: in the cluster (into Kc, Tm and
      * P's place, apart from gate_store's arrays), or through the scratch */
-    if (G.cl) {
+    if (KS || G.cl) {
         static_assert(2 * CC * LK <= L::A, "dQc and dKc fit before the K side's arrays");
         float *dQs = sm, *dKs = sm + CC * LK;
         __syncthreads();   /* Kc, Tm, P no longer read */
@@ -952,10 +1030,11 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         BP(2);
         cooperative_groups::this_cluster().sync();   /* every block's partials written and visible */
         BP(3);
-        if (SPLIT && p.dt == 0) cluster_qk_store<KH, false>(p, row0, c, h, dQs, dKs, LK);   /* f32 inputs */
-        else cluster_qk_store<KH, true>(p, row0, c, h, dQs, dKs, LK);
+        if (SPLIT && p.dt == 0) cluster_qk_store<KH, false, KS>(p, row0, c, h, dQs, dKs, LK);   /* f32 inputs */
+        else cluster_qk_store<KH, true, KS>(p, row0, c, h, dQs, dKs, LK);
         BP(4);
-        gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
+        if (kh == 0)   /* KS: both blocks hold the same gate sums */
+            gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
         BP(13);
         cooperative_groups::this_cluster().sync();   /* no block leaves while another reads its partials */
         BP(5);
@@ -987,23 +1066,26 @@ Scr local_scr(int K) {
     return s;
 }
 
-template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K) {
+template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K, int G) {
+    if (local_ks(K, G)) return smem_attr(local_kernel<SPLIT, 128, false, true>, local_smem<128>());
     if (k8(K) <= 64) return smem_attr(local_kernel<SPLIT, 64, false>, local_smem<64>());
     const cudaError_t e = smem_attr(local_kernel<SPLIT, 128, false>, local_smem<128>());
     if constexpr (SPLIT) return e;
     else return e != cudaSuccess ? e : smem_attr(local_kernel<SPLIT, 128, true>, local_smem<128>());
 }
-/* one block per item, in clusters of G blocks where G.cl */
-template <typename Kern> void launch_items(Kern k, const BwdArgs &p, const Grp &G, unsigned items, int smem, cudaStream_t st) {
+/* one block per item, in clusters of G blocks where G.cl; with the K split
+ * (ks) two blocks an item, the cluster */
+template <typename Kern>
+void launch_items(Kern k, const BwdArgs &p, const Grp &G, unsigned items, int smem, cudaStream_t st, bool ks = false) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3(items);
+    cfg.gridDim = dim3(ks ? 2 * items : items);
     cfg.blockDim = dim3(NT);
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = st;
-    if (G.cl) {
+    if (G.cl || ks) {
         at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)p.G;
+        at[0].val.clusterDim.x = ks ? 2u : (unsigned)p.G;
         at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
         cfg.attrs = at;
         cfg.numAttrs = 1;
@@ -1012,7 +1094,8 @@ template <typename Kern> void launch_items(Kern k, const BwdArgs &p, const Grp &
 }
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
-    if (k8(p.K) <= 64) launch_items(local_kernel<SPLIT, 64, false>, p, G, items, local_smem<64>(), st);
+    if (local_ks(p.K, p.G)) launch_items(local_kernel<SPLIT, 128, false, true>, p, G, items, local_smem<128>(), st, true);
+    else if (k8(p.K) <= 64) launch_items(local_kernel<SPLIT, 64, false>, p, G, items, local_smem<64>(), st);
     else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
         launch_items(local_kernel<SPLIT, 128, !SPLIT>, p, G, items, local_smem<128>(), st);   /* vside_wg_ok */
     else launch_items(local_kernel<SPLIT, 128, false>, p, G, items, local_smem<128>(), st);
