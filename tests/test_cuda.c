@@ -628,9 +628,9 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .flags = fsets[(si + di) % 8], .gmode = (int)(si % 3), .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
             bwd_case(&tc, rng_u64(r));
         }
-    /* the K split of the local stage (128 < K <= 256, G = 1: two blocks an item, the sums over K exchanged
+    /* the K split of the local stage (128 < K <= 256, G <= 4: two blocks an item, the sums over K exchanged
      * between them): K whole and partial halves (256, 200, 136, 130), V below, at and past a panel,
-     * every dtype, varlen with empty and short sequences, and a sequence cut into segments */
+     * every dtype, G = 1, 3, 4, varlen with empty and short sequences, and a sequence cut into segments */
     {
         const int ks[][3] = {{256, 256, 1}, {200, 72, 2}, {136, 40, 0}, {130, 128, 1}, {256, 16, 2}, {192, 256, 1}};
         for (int si = 0; si < 6; si++) {
@@ -639,9 +639,14 @@ static void test_cuda_chunk_bwd(rng *r) {
                         .gdt = GDN_F32, .flags = fsets[(3 * si + 4) % 8], .gmode = si % 3, .beta_mode = si % 3, .h0 = si != 2,
                         .dht = si != 4, .dh0 = 1, .dtb = 1};
             if (si == 1) { tc.lens = lens_ks; tc.nseq = 6; }
+            if (si == 2 || si == 3) { tc.H = 1; tc.HV = si + 1; }   /* G = 3, 4: clusters of 6, 8 blocks */
             if (si == 5) { tc.B = 1; tc.T = 1500; tc.H = 1; tc.HV = 1; tc.split = 3; }
             bwd_case(&tc, rng_u64(r));
         }
+        /* past it (G = 5): the group stage */
+        bcase tc = {.B = 2, .T = 130, .H = 1, .HV = 5, .K = 160, .V = 48, .dt = GDN_BF16, .gdt = GDN_F32, .flags = fsets[4],
+                    .gmode = 1, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
+        bwd_case(&tc, rng_u64(r));
     }
     /* pinned (a random base seed found it): hard gates leave the last token's da to carry the head's
      * norm, and its dg = <dS, exp(g) S> cancelled to 1/4.9 of its terms; the fused pass (dS a bf16

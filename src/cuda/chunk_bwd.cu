@@ -124,6 +124,7 @@ int64_t group_slots(const gdn_plan *pl) {
  * clusters fit only in a GPC's SMs (30 clusters of 4 on a 132-SM H100, not
  * 33: a grid of 32 runs in two waves) */
 int64_t stage_at_once(const gdn_plan *pl) {
+    if (local_ks(pl->c.K, pl->G)) return (int64_t)Fused::max_clusters(2 * pl->G) * 2 * pl->G;   /* two blocks an item */
     if (!use_local(pl->c.K, pl->G) || !local_cluster(pl->c.K, pl->G) || pl->G <= 1) return sm_count();
     return (int64_t)Fused::max_clusters(pl->G) * pl->G;
 }

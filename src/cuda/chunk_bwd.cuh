@@ -479,11 +479,11 @@ struct Grp {
     bool cl;         /* the local stage in clusters of G blocks: dq, dk summed there, no scratch (local_cluster) */
 };
 
-/* the local stage for 128 < K <= 256 without value-head groups (G = 1): a
- * cluster of two blocks an item, block r holding columns [128 r, 128 r + 128)
- * of K and exchanging the partial sums over K through distributed shared
- * memory (chunk_bwd_local.cu, KS) */
-__host__ __device__ inline bool local_ks(int K, int G) { return k8(K) > 128 && k8(K) <= 256 && G == 1; }
+/* the local stage for 128 < K <= 256, G <= 4: two blocks an item, block r
+ * holding columns [128 r, 128 r + 128) of K and exchanging the partial sums
+ * over K through distributed shared memory, the G value heads' 2 G blocks
+ * one cluster (chunk_bwd_local.cu, KS) */
+__host__ __device__ inline bool local_ks(int K, int G) { return k8(K) > 128 && k8(K) <= 256 && G <= 4; }
 /* the chunk-local stage of chunk_bwd_local.cu (else the group stage of chunk_bwd_grp.cu) */
 __host__ __device__ inline bool use_local(int K, int G) { return k8(K) <= 128 || local_ks(K, G); }
 /* the local stage sums dQc, dKc over the G value heads in a thread-block

@@ -560,7 +560,7 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
     namespace cg = cooperative_groups;
     using R = QKRow<B16>;
     using T = typename R::T;
-    /* KS: the two blocks hold columns [0, KH) and [KH, 2 KH) of the one value head's sums */
+    /* KS: blocks 2 g and 2 g + 1 hold columns [0, KH) and [KH, 2 KH) of value head g's sums */
     constexpr int PER = (KS ? 2 * KH : KH) / 32, RB = KS ? 2 : 4;
     const cg::cluster_group cl = cg::this_cluster();
     const int nb = (int)cl.num_blocks(), per = (c + nb - 1) / nb, t0 = (int)cl.block_rank() * per;
@@ -585,11 +585,11 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
                 for (int u = 0; u < PER; u++) a[qk][r][u] = 0.f;
             }
         /* rows past t1 are read too (within the block's shared memory) and never used: all of a block's loads in flight at once */
-        for (int b = 0; b < (KS ? 1 : nb); b++) {
+        for (int b = 0; b < (KS ? nb / 2 : nb); b++) {
             float y[2][RB][PER];
 #pragma unroll
             for (int qk = 0; qk < 2; qk++) {
-                const float *src = cl.map_shared_rank(qk ? dKs : dQs, KS ? i0 / KH : b) + tb * ld + (KS ? i0 % KH : i0);
+                const float *src = cl.map_shared_rank(qk ? dKs : dQs, KS ? 2 * b + i0 / KH : b) + tb * ld + (KS ? i0 % KH : i0);
 #pragma unroll
                 for (int r = 0; r < RB; r++) {
                     if constexpr (PER == 8) {
@@ -649,7 +649,8 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
 /* gate_store's sums: double with 3xTF32 products, float with single tf32 ones */
 template <bool SPLIT> using GateSum = typename std::conditional<SPLIT, double, float>::type;
 
-/* ---- the K split (KS): an item's two blocks are a cluster, block r holding
+/* ---- the K split (KS): an item's two blocks (cluster ranks 2 g, 2 g + 1 for
+ * the G value heads of a q/k head), block r holding
  * columns [128 r, 128 r + 128) of K (its rows of S0 and dS, its columns of
  * k, q and of every c x K sum); each sum over K (X' = K S0 and dU' = K dS
  * a panel, the row dots, dWk Bk^T, K K^T, S0 . dS) is the two blocks'
@@ -680,14 +681,14 @@ template <int NQ> __device__ __forceinline__ void ks_add(const float *peer, floa
 }
 
 /* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without.
- * KS: the K split above (KH = 128, 128 < K <= 256, G = 1) */
+ * KS: the K split above (KH = 128, 128 < K <= 256, G <= 4) */
 template <bool SPLIT, int KH, bool WG, bool KS = false>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     using L = Lay<KH>;
     constexpr int LK = L::LK, NR = KH / 64;
     static_assert(!KS || (KH == 128 && !WG), "the K split: halves of 128 columns, the V walk on mma.sync");
     extern __shared__ __align__(16) float sm[];
-    const int kh = KS ? (int)(blockIdx.x & 1) : 0;                   /* the block's half of K (its rank in the cluster) */
+    const int kh = KS ? (int)(blockIdx.x & 1) : 0;                   /* the block's half of K (its rank in the cluster mod 2) */
     const int64_t bx = KS ? blockIdx.x >> 1 : blockIdx.x;            /* the item */
     int64_t slot, n = 0, ci = 0;   /* (sequence, chunk) where the state gradients are windowed */
     if (p.wn) {                    /* the window's items */
@@ -1085,7 +1086,7 @@ void launch_items(Kern k, const BwdArgs &p, const Grp &G, unsigned items, int sm
     cfg.stream = st;
     if (G.cl || ks) {
         at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = ks ? 2u : (unsigned)p.G;
+        at[0].val.clusterDim.x = ks ? 2u * (unsigned)p.G : (unsigned)p.G;
         at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
         cfg.attrs = at;
         cfg.numAttrs = 1;
