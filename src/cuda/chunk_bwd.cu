@@ -45,7 +45,10 @@
  *               bf16 with K = 128 and V in 128-column blocks the reverse
  *               sweep is chunk_bwd_sweep_t.cu instead: dS^T in registers as
  *               the wgmma A operand, bf16 operands (dU as hi + lo).
- *   local stage K <= 128: one block per (slot, j) runs chunk_backward of
+ *   local stage K <= 128 (and 128 < K <= 256 with G <= 4, local_ks: two
+ *               blocks an item, each holding half of K, their sums over K
+ *               exchanged in the cluster of the 2 G blocks): one block
+ *               per (slot, j) runs chunk_backward of
  *               chunk_bwd.c with its tiles in shared memory and its sums
  *               over V in registers (chunk_bwd_local.cu; for bf16 with
  *               K = 128 its walk over V on wgmma, vside_wg); dq, dk summed
@@ -67,8 +70,8 @@
  *               Where it is their only reader, prep stores Tm and P and
  *               the chunk forward's state kernel the states as bf16 tiles
  *               in its shared-memory layout (BwdArgs::rec16, st16)
- *   group stage K > 128: the same per item step by step over a per-item
- *               scratch in global memory (chunk_bwd_grp.cu)
+ *   group stage K > 128 with G > 4: the same per item step by step over a
+ *               per-item scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
  *               over slots in order per j
  *

@@ -1,6 +1,7 @@
 /* CUDA chunk backward, the chunk-local stage for K <= 128 (local_kernel): one
  * block per (slot, value head) runs chunk_backward of chunk_bwd.c with every
- * tile in shared memory and every sum over V in registers; its launcher.
+ * tile in shared memory and every sum over V in registers; for 128 < K <= 256
+ * (G <= 4) two blocks an item, each holding half of K (KS below); its launcher.
  *
  * The group stage of chunk_bwd_grp.cu (any K) keeps an item's twenty tiles
  * in a per-item scratch in global memory and waits on it at every product.
