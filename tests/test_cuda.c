@@ -715,9 +715,11 @@ static void test_cuda_chunk_bwd(rng *r) {
         else { tc.B = 1; tc.T = 2100; tc.K = 128; tc.V = 128; tc.HV = 1; tc.split = 0; }
         bwd_case(&tc, rng_u64(r));
     }
-    /* the local stage's windows: bf16 K = V = 128 (the wgmma kernels), f16 K = V = 64 with v-first states */
+    /* the local stage's windows: bf16 K = V = 128 (the wgmma kernels), f16 K = V = 64 with v-first states,
+     * f16 K = V = 256 (the local stage's K split) */
     windows_case(GDN_BF16, 16, 32, 128, 128, L2 | GF | BS, rng_u64(r));
     windows_case(GDN_F16, 8, 16, 64, 64, L2 | GF | BS | VF, rng_u64(r));
+    windows_case(GDN_F16, 8, 16, 256, 256, L2 | GF | BS, rng_u64(r));   /* the K split (G = 2) */
     /* the long GVA case: many groups of slots */
     if (!g_quick) {
         bcase tc = {.B = 3, .T = 5000, .H = 6, .HV = 12, .K = 40, .V = 72, .dt = GDN_BF16, .gdt = GDN_F32,

@@ -5,11 +5,13 @@
 
 /* Checkpoints for the CUDA backward's windows of chunks (src/cuda/chunk_bwd.cu
  * window_chunks: at most four windows, so the states entering the last three),
- * kept where a window can apply whatever the card: 16-bit inputs, K <= 128,
- * HV <= 8 H, sequences of near one length (4 N maxch <= 5 chunks) and half the
- * chunks at least 4096 (sequence, chunk, value head) items. 0 elsewhere. */
+ * kept where a window can apply whatever the card: 16-bit inputs, K <= 128 with
+ * HV <= 8 H or K <= 256 with HV <= 4 H (the chunk-local stage's clusters),
+ * sequences of near one length (4 N maxch <= 5 chunks) and half the chunks at
+ * least 4096 (sequence, chunk, value head) items. 0 elsewhere. */
 int gdn_saved_ckpts(const gdn_config *c) {
-    if (!(c->flags & GDN_QK_L2NORM) || c->dtype == GDN_F32 || c->K > 128 || c->H <= 0 || c->HV > 8 * c->H) return 0;
+    if (!(c->flags & GDN_QK_L2NORM) || c->dtype == GDN_F32 || c->K > 256 || c->H <= 0 || c->HV > (c->K > 128 ? 4 : 8) * c->H)
+        return 0;
     const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
     int64_t maxch = 0, total = 0;
     for (int64_t n = 0; n < N; n++) {

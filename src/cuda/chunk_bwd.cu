@@ -177,7 +177,7 @@ int64_t seg_total(const gdn_plan *pl, int sc) {
  * bit, so their size may follow the card's SM count. */
 int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     const gdn_config *c = &pl->c;
-    if (!use_local(c->K, pl->G) || !local_cluster(c->K, pl->G) || local_ks(c->K, pl->G) || Ns <= 0) return 0;
+    if (!use_local(c->K, pl->G) || !local_cluster(c->K, pl->G) || Ns <= 0) return 0;
     int64_t total = 0;
     for (int64_t n = 0; n < pl->N; n++) {
         int64_t bos, len;
@@ -189,7 +189,8 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     for (int nw = 4; nw >= 2; nw /= 2) {
         const int64_t w1 = (maxch + nw - 1) / nw;
         if (w1 >= maxch || Ns * w1 * c->HV < 4096) continue;
-        const int64_t per = Ns * c->HV / pl->G, wave = stage_at_once(pl) / pl->G;   /* clusters a chunk index, a wave */
+        const int cs = local_ks(c->K, pl->G) ? 2 * pl->G : pl->G;   /* blocks a cluster (the K split: two an item) */
+        const int64_t per = Ns * c->HV / pl->G, wave = stage_at_once(pl) / cs;   /* clusters a chunk index, a wave */
         int64_t best = w1, best_waves = INT64_MAX;
         for (int64_t wn = w1; wn < w1 + 8 && wn < maxch; wn++) {
             int64_t waves = 0;
