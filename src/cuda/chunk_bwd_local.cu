@@ -372,15 +372,50 @@ __device__ __forceinline__ void put_bf4(char *hi, float4 v) {
     *reinterpret_cast<uint2 *>(hi) = make_uint2(WM::pack(v.x, v.y), WM::pack(v.z, v.w));
 }
 
+/* ---- the K split (KS): an item's two blocks (cluster ranks 2 g, 2 g + 1 for
+ * the G value heads of a q/k head), block r holding
+ * columns [128 r, 128 r + 128) of K (its rows of S0 and dS, its columns of
+ * k, q and of every c x K sum); each sum over K (X' = K S0 and dU' = K dS
+ * a panel, the row dots, dWk Bk^T, K K^T, S0 . dS) is the two blocks'
+ * partials added as own + partner's, the same bits in both. The exchanges
+ * are ordered by the cluster barrier (arrive with release, wait with
+ * acquire), each buffer written again only after a barrier the partner
+ * reaches once it has read it. ---- */
+__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_sync() { ks_arrive(); ks_wait(); }
+/* the partner block's copy of shared array x */
+template <typename T> __device__ __forceinline__ T *ks_peer(T *x) {
+    namespace cg = cooperative_groups;
+    return cg::this_cluster().map_shared_rank(x, (int)cg::this_cluster().block_rank() ^ 1);
+}
+/* a warp tile's accumulator (its first NQ n8 tiles) to / from an array by thread */
+template <int NQ> __device__ __forceinline__ void ks_put(float *buf, const float (&a)[4][4]) {
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) buf[(q * 4 + r) * NT + threadIdx.x] = a[q][r];
+}
+template <int NQ> __device__ __forceinline__ void ks_add(const float *peer, float (&a)[4][4]) {
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[q][r] += peer[(q * 4 + r) * NT + threadIdx.x];
+}
+
 /* the V walk of one item: the sums into aKd, aXq, aWk (c x K) and aP, aTm
  * (c x c), dv stored, dBv . v added to dbt, S0 . dS to tot. gam, bet, ek set
  * by this thread for its token (t < CC); vb: VS::bytes of shared memory,
  * 1024-byte aligned. Every thread calls it; it starts and ends without a
- * barrier (the caller's). */
-template <typename AccT>
+ * barrier (the caller's). KS (K = 256): the block's half kh of K (its k
+ * columns, S0 and dS rows), X' and dU' summed with the partner's through kx
+ * (32 KB), the panels' dv stored by the two blocks in turn; the caller waits
+ * out the last exchange (ks_wait). */
+template <bool KS, typename AccT>
 __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, int j, int h, const float *rec, const float *S0g,
                                          const float *dSg, const float *gam, const float *bet, const float *ek, float *dbt, char *vb,
-                                         AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot) {
+                                         AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot, int kh,
+                                         float *kx) {
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
     const int g = lane >> 2, tq = lane & 3, V = p.V;
     float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC, *rks = us + CC;
@@ -388,7 +423,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
     for (int e = tid; e < CC * 16; e += NT) {
         const int r = e >> 4, c16 = e & 15;
         const bool in = r < c;
-        const __nv_bfloat16 *src = static_cast<const __nv_bfloat16 *>(p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)128 + c16 * 8;
+        const __nv_bfloat16 *src =
+            static_cast<const __nv_bfloat16 *>(p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)p.K + 128 * kh + c16 * 8;
         gdn::cp16(vb + VS::Kr + (c16 >> 3) * 8192 + swz(r, (c16 & 7) * 8), src, in);
     }
     gdn::cp_commit();
@@ -441,8 +477,18 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         cfwd::fence_async_smem();
         __syncthreads();
         float x[32];
+        k_times(x, vb, cg == 0 ? VS::S0h : VS::dSh);   /* X' = K S0, dU' = K dS */
+        if constexpr (KS) {   /* summed over both halves of K */
+            if (v0 > 0) ks_wait();   /* the partner has read the last panel's */
+#pragma unroll
+            for (int i = 0; i < 32; i++) kx[i * NT + tid] = x[i];
+            ks_sync();
+            const float *px = ks_peer(kx);
+#pragma unroll
+            for (int i = 0; i < 32; i++) x[i] += px[i * NT + tid];
+            ks_arrive();
+        }
         if (cg == 0) {   /* X = beta v - xs K S0 */
-            k_times(x, vb, VS::S0h);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -454,7 +500,6 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                 }
             store_hilo(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
-            k_times(x, vb, VS::dSh);
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
             for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
@@ -482,7 +527,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                     if (t < c) {
                         const float x0 = x[4 * a + 2 * hr], x1 = x[4 * a + 2 * hr + 1];
                         const int64_t at = ((row0 + t) * p.HV + j) * (int64_t)V + v0 + n;
-                        *reinterpret_cast<uint32_t *>(static_cast<__nv_bfloat16 *>(p.dv) + at) = WM::pack(bet[t] * x0, bet[t] * x1);
+                        if (!KS || ((v0 / WVP) & 1) == kh)
+                            *reinterpret_cast<uint32_t *>(static_cast<__nv_bfloat16 *>(p.dv) + at) = WM::pack(bet[t] * x0, bet[t] * x1);
                         const uint32_t vv = *reinterpret_cast<const uint32_t *>(vb + VS::Vr + swz(t, n));
                         const float d = fmaf(x0, WM::lo(vv), x1 * WM::hi(vv));
                         if (hr) db1 += d; else db0 += d;
@@ -650,44 +696,13 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
 /* gate_store's sums: double with 3xTF32 products, float with single tf32 ones */
 template <bool SPLIT> using GateSum = typename std::conditional<SPLIT, double, float>::type;
 
-/* ---- the K split (KS): an item's two blocks (cluster ranks 2 g, 2 g + 1 for
- * the G value heads of a q/k head), block r holding
- * columns [128 r, 128 r + 128) of K (its rows of S0 and dS, its columns of
- * k, q and of every c x K sum); each sum over K (X' = K S0 and dU' = K dS
- * a panel, the row dots, dWk Bk^T, K K^T, S0 . dS) is the two blocks'
- * partials added as own + partner's, the same bits in both. The exchanges
- * are ordered by the cluster barrier (arrive with release, wait with
- * acquire), each buffer written again only after a barrier the partner
- * reaches once it has read it. ---- */
-__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ks_sync() { ks_arrive(); ks_wait(); }
-/* the partner block's copy of shared array x */
-template <typename T> __device__ __forceinline__ T *ks_peer(T *x) {
-    namespace cg = cooperative_groups;
-    return cg::this_cluster().map_shared_rank(x, (int)cg::this_cluster().block_rank() ^ 1);
-}
-/* a warp tile's accumulator (its first NQ n8 tiles) to / from an array by thread */
-template <int NQ> __device__ __forceinline__ void ks_put(float *buf, const float (&a)[4][4]) {
-#pragma unroll
-    for (int q = 0; q < NQ; q++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) buf[(q * 4 + r) * NT + threadIdx.x] = a[q][r];
-}
-template <int NQ> __device__ __forceinline__ void ks_add(const float *peer, float (&a)[4][4]) {
-#pragma unroll
-    for (int q = 0; q < NQ; q++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[q][r] += peer[(q * 4 + r) * NT + threadIdx.x];
-}
-
 /* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without.
  * KS: the K split above (KH = 128, 128 < K <= 256, G <= 4) */
 template <bool SPLIT, int KH, bool WG, bool KS = false>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     using L = Lay<KH>;
     constexpr int LK = L::LK, NR = KH / 64;
-    static_assert(!KS || (KH == 128 && !WG), "the K split: halves of 128 columns, the V walk on mma.sync");
+    static_assert(!KS || KH == 128, "the K split: halves of 128 columns");
     extern __shared__ __align__(16) float sm[];
     const int kh = KS ? (int)(blockIdx.x & 1) : 0;                   /* the block's half of K (its rank in the cluster mod 2) */
     const int64_t bx = KS ? blockIdx.x >> 1 : blockIdx.x;            /* the item */
@@ -767,8 +782,10 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
 
     if constexpr (WG) {
         static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
+        static_assert(!KS || VS::bytes + 2048 + 32 * NT * 4 <= L::end * 4, "the K split's exchange after vside_wg's operands");
         char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
-        vside_wg(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot);
+        vside_wg<KS>(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot, kh,
+                     reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024));   /* KS: no q staging */
         BP(1);
         /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
          * still in shared memory (Tm and P as the walk's bf16), read whole
@@ -1069,7 +1086,11 @@ Scr local_scr(int K) {
 }
 
 template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K, int G) {
-    if (local_ks(K, G)) return smem_attr(local_kernel<SPLIT, 128, false, true>, local_smem<128>());
+    if (local_ks(K, G)) {
+        const cudaError_t e = smem_attr(local_kernel<SPLIT, 128, false, true>, local_smem<128>());
+        if constexpr (SPLIT) return e;
+        else return e != cudaSuccess ? e : smem_attr(local_kernel<SPLIT, 128, true, true>, local_smem<128>());
+    }
     if (k8(K) <= 64) return smem_attr(local_kernel<SPLIT, 64, false>, local_smem<64>());
     const cudaError_t e = smem_attr(local_kernel<SPLIT, 128, false>, local_smem<128>());
     if constexpr (SPLIT) return e;
@@ -1096,7 +1117,11 @@ void launch_items(Kern k, const BwdArgs &p, const Grp &G, unsigned items, int sm
 }
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
-    if (local_ks(p.K, p.G)) launch_items(local_kernel<SPLIT, 128, false, true>, p, G, items, local_smem<128>(), st, true);
+    if (local_ks(p.K, p.G)) {   /* the V walk on wgmma where both halves are whole (bf16, K = 256; vside_wg_ok) */
+        if (!SPLIT && p.dt == 1 && p.K == 256 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
+            launch_items(local_kernel<SPLIT, 128, !SPLIT, true>, p, G, items, local_smem<128>(), st, true);
+        else launch_items(local_kernel<SPLIT, 128, false, true>, p, G, items, local_smem<128>(), st, true);
+    }
     else if (k8(p.K) <= 64) launch_items(local_kernel<SPLIT, 64, false>, p, G, items, local_smem<64>(), st);
     else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
         launch_items(local_kernel<SPLIT, 128, !SPLIT>, p, G, items, local_smem<128>(), st);   /* vside_wg_ok */
