@@ -630,17 +630,18 @@ static void test_cuda_chunk_bwd(rng *r) {
         }
     /* the K split of the local stage (128 < K <= 256, G <= 4: two blocks an item, the sums over K exchanged
      * between them): K whole and partial halves (256, 200, 136, 130), V below, at and past a panel,
-     * every dtype, G = 1, 3, 4, varlen with empty and short sequences, and a sequence cut into segments */
+     * every dtype, G = 1, 3, 4, varlen with empty and short sequences, and sequences cut into segments (the
+     * second bf16 at K = 256: the transposed reverse sweep's K split on the segments) */
     {
-        const int ks[][3] = {{256, 256, 1}, {200, 72, 2}, {136, 40, 0}, {130, 128, 1}, {256, 16, 2}, {192, 256, 1}};
-        for (int si = 0; si < 6; si++) {
+        const int ks[][3] = {{256, 256, 1}, {200, 72, 2}, {136, 40, 0}, {130, 128, 1}, {256, 16, 2}, {192, 256, 1}, {256, 128, 1}};
+        for (int si = 0; si < 7; si++) {
             if (g_quick && si % 2) continue;
             bcase tc = {.B = 2, .T = 150 + 60 * si, .H = 2, .HV = 2, .K = ks[si][0], .V = ks[si][1], .dt = dts[ks[si][2]],
                         .gdt = GDN_F32, .flags = fsets[(3 * si + 4) % 8], .gmode = si % 3, .beta_mode = si % 3, .h0 = si != 2,
                         .dht = si != 4, .dh0 = 1, .dtb = 1};
             if (si == 1) { tc.lens = lens_ks; tc.nseq = 6; }
             if (si == 2 || si == 3) { tc.H = 1; tc.HV = si + 1; }   /* G = 3, 4: clusters of 6, 8 blocks */
-            if (si == 5) { tc.B = 1; tc.T = 1500; tc.H = 1; tc.HV = 1; tc.split = 3; }
+            if (si >= 5) { tc.B = 1; tc.T = 1500; tc.H = 1; tc.HV = 1; tc.split = 3; }
             bwd_case(&tc, rng_u64(r));
         }
         /* past it (G = 5): the group stage */

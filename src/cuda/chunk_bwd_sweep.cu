@@ -293,7 +293,7 @@ template <bool SPLIT> cudaError_t SweepPass<SPLIT>::attr(int K) {
     if ((e = smem_attr(fwd_sweep_kernel<SPLIT, true>, sweep_smem(K, false))) != cudaSuccess) return e;
     if ((e = smem_attr(bwd_sweep_kernel<SPLIT, false>, sweep_smem(K, true))) != cudaSuccess) return e;
     if ((e = smem_attr(bwd_sweep_kernel<SPLIT, true>, sweep_smem(K, true))) != cudaSuccess) return e;
-    return K == 128 ? SweepT::attr() : cudaSuccess;
+    return K == 128 || K == 256 ? SweepT::attr() : cudaSuccess;
 }
 template <bool SPLIT> void SweepPass<SPLIT>::launch_fwd(const BwdArgs &p, unsigned blocks, cudaStream_t st) {
     if (p.dt != 0) fwd_sweep_kernel<SPLIT, true><<<blocks, NT, sweep_smem(p.K, false), st>>>(p);

@@ -1,7 +1,11 @@
 /* CUDA chunk backward, the reverse sweep transposed (bf16, K = 128, V in
  * 128-column blocks): dS^T in the registers of two warpgroups as the A
  * operand of every product, the mirror of the forward's transposed state
- * walk (chunk_fwd_state_t.cu); its launcher.
+ * walk (chunk_fwd_state_t.cu); its launcher. K = 256 (KS): two blocks a
+ * (sequence, value head, column block) in a cluster, block r holding rows
+ * [128 r, 128 r + 128) of dS, its columns of k and q; Z^T = dS^T K^T is
+ * their partials summed (own + partner's, the same bits in both) through
+ * distributed shared memory, the rest as at K = 128 on the block's half.
  *
  * Per chunk, in reverse (bwd_sweep of chunk_bwd_sweep.cu, transposed; the
  * rows of dS^T are this warpgroup's 64 columns of V):
@@ -18,6 +22,7 @@
  * gate rows come by cp.async a chunk ahead into the other of two stages;
  * Tm and P are rounded into their blocked bf16 operands once a chunk by the
  * whole block. */
+#include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
@@ -47,8 +52,13 @@ struct RSmem {
     static constexpr int ph = 2 * RStage::bytes;   /* P as B (k = s, n = t), blocked bf16 */
     static constexpr int th = ph + 8192;           /* Tm as B (k = u, n = t) */
     static constexpr int sc = th + 8192;           /* per token: eks, ys, qs (fp32) */
+    static constexpr int zx = sc + 1024;           /* KS: the block's Z^T partial (32 floats a thread) */
     static constexpr int bytes = sc + 3 * CC * 4 + 1024;   /* + the base's alignment */
+    static constexpr int bytes_ks = zx + 32 * 256 * 4 + 1024;
 };
+static_assert(RSmem::bytes_ks <= 227 * 1024, "the K split's sweep fits an SM");
+__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 /* the state gradient (n, j) of dht / dh0 at (k row i, column v) */
 __device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int i, int v) {
@@ -56,14 +66,17 @@ __device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int
     return base + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)v * p.K + i : (int64_t)i * p.V + v);
 }
 
+template <bool KS>
 __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     extern __shared__ __align__(1024) char smr_raw[];
     char *sm = smr_raw + ((1024 - (saddr(smr_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int cg = w >> 2, wl = w & 3;   /* warpgroup (64 columns of V), warp in it (16 of them) */
-    const int nvb = p.V / 128, vb = blockIdx.x % nvb, j = (blockIdx.x / nvb) % p.HV, h = j / p.G;
-    const int64_t n = blockIdx.x / (nvb * p.HV);
-    const int K = 128, V = p.V, vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of dS^T: d0, d0 + 8 */
+    const int kh = KS ? (int)(blockIdx.x & 1) : 0, bx = KS ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;   /* KS: the block's half of K */
+    const int nvb = p.V / 128, vb = bx % nvb, j = (bx / nvb) % p.HV, h = j / p.G;
+    const int64_t n = bx / (nvb * p.HV);
+    const int K = KS ? 256 : 128, ko = 128 * kh, V = p.V, vcol0 = vb * 128, d0 = vcol0 + cg * 64 + wl * 16 + g;   /* this thread's rows of dS^T: d0, d0 + 8 */
+    float *zx = reinterpret_cast<float *>(sm + RSmem::zx);
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int64_t sb = bos / CC + n;
@@ -88,7 +101,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             char *dst = stg + m * 16384 + half * 8192 + r * 128 + ((ch ^ (r & 7)) << 4);
             const bool in = r < c;
             const int64_t row = row0 + (in ? r : 0);
-            const __nv_bfloat16 *src = m < 2 ? qk[m] + (row * p.H + h) * (int64_t)K + c16 * 8
+            const __nv_bfloat16 *src = m < 2 ? qk[m] + (row * p.H + h) * (int64_t)K + ko + c16 * 8
                                              : dO + (row * p.HV + j) * (int64_t)V + vcol0 + c16 * 8;
             gdn::cp16(dst, src, in);
         }
@@ -112,7 +125,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     for (int i = 0; i < 16; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int kr = 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
+            const int kr = ko + 8 * i + 2 * tq + (e & 1), vc = d0 + 8 * (e >> 1);
             st[4 * i + e] = p.dht ? p.dht[st_at(p, n, j, kr, vc)] : 0.f;
         }
     if (nch > cb) fetch(nch - 1, 0);
@@ -132,7 +145,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 #pragma unroll
             for (int i = 0; i < 16; i++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) sd[(int64_t)(8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
+                for (int e = 0; e < 4; e++) sd[(int64_t)(ko + 8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
         }
         BP(0);
         /* Tm and P into their blocked bf16 operands; the per-token scales */
@@ -172,6 +185,18 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             for (int kk = 0; kk < 8; kk++) wgt_rs<64, true, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+        }
+        if constexpr (KS) {   /* Z^T over both halves of K */
+            if (ci < nch - 1) ks_wait();   /* the partner has read the last chunk's */
+#pragma unroll
+            for (int i = 0; i < 32; i++) zx[i * TT + tid] = z[i];
+            ks_arrive();
+            ks_wait();
+            namespace cgr = cooperative_groups;
+            const float *pz = cgr::this_cluster().map_shared_rank(zx, (int)cgr::this_cluster().block_rank() ^ 1);
+#pragma unroll
+            for (int i = 0; i < 32; i++) z[i] += pz[i * TT + tid];
+            ks_arrive();
         }
         /* dO^T in the accumulator layout (tokens 8 a.., this warp's rows), which is also its A fragments */
         uint32_t vt[8][2];
@@ -248,31 +273,49 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         }
         BP(4);
     }
+    if (KS && nch > cb) ks_wait();   /* the last exchange read: the partner's shared memory may go */
     BP_PRINT(blockIdx.x == 0 && nch > cb, "bwd_sweep_t per chunk: wait, fetch, store dS | Tm P split | Z dOP | Y | dS", 5, nch - cb);
     if (p.dh0) {
 #pragma unroll
         for (int i = 0; i < 16; i++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) p.dh0[st_at(p, n, j, 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * i + e];
+            for (int e = 0; e < 4; e++) p.dh0[st_at(p, n, j, ko + 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * i + e];
     }
 }
 
 }  // namespace
 
-/* bf16, K = 128, V in 128-column blocks, q / k / dO rows 16-byte aligned */
+/* bf16, K = 128 or 256 (KS), V in 128-column blocks, q / k / dO rows 16-byte aligned */
 bool SweepT::takes(const BwdArgs &p) {
-    return p.dt == 1 && p.K == 128 && p.V % 128 == 0 && al16(p.q) && al16(p.k) && al16(p.dout);
+    return p.dt == 1 && (p.K == 128 || p.K == 256) && p.V % 128 == 0 && al16(p.q) && al16(p.k) && al16(p.dout);
 }
 cudaError_t SweepT::attr() {
     static bool done = false;
     if (done) return cudaSuccess;
-    const cudaError_t e = smem_attr(bwd_sweep_t_kernel, RSmem::bytes);
+    cudaError_t e = smem_attr(bwd_sweep_t_kernel<false>, RSmem::bytes);
+    if (e == cudaSuccess) e = smem_attr(bwd_sweep_t_kernel<true>, RSmem::bytes_ks);
     if (e == cudaSuccess) done = true;
     return e;
 }
 void SweepT::launch(const BwdArgs &p, cudaStream_t st) {
     const unsigned blocks = (unsigned)(p.N * p.HV * (p.V / 128));
-    if (blocks > 0) bwd_sweep_t_kernel<<<blocks, TT, RSmem::bytes, st>>>(p);
+    if (blocks == 0) return;
+    if (p.K == 128) {
+        bwd_sweep_t_kernel<false><<<blocks, TT, RSmem::bytes, st>>>(p);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};   /* K = 256: two blocks a column block, one cluster */
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(2 * blocks);
+    cfg.blockDim = dim3(TT);
+    cfg.dynamicSmemBytes = (size_t)RSmem::bytes_ks;
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 2;
+    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, bwd_sweep_t_kernel<true>, p);
 }
 
 }  // namespace cbwd
