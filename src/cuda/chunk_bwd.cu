@@ -142,7 +142,7 @@ int64_t stage_at_once(const gdn_plan *pl) {
 int split_sc(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32 || pl->N * c->HV == 0) return 0;
-    const int vt = c->dtype == GDN_BF16 && c->K == 128 && c->V % 128 == 0 ? 128 : VT;
+    const int vt = (c->dtype == GDN_BF16 || c->dtype == GDN_F16) && c->K == 128 && c->V % 128 == 0 ? 128 : VT;
     /* the segments' (sequence, value head) blocks as whole clusters of the
      * stage after the sweep, in one wave: 120 at G = 4 on a 132-SM H100 */
     return gdn::split_chunks(pl, pl->N * c->HV * ((c->V + vt - 1) / vt), stage_at_once(pl));

@@ -300,12 +300,14 @@ template <bool SPLIT, int KH> struct QFetch {
 };
 __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 && (p.K & 7) == 0 && rows16_ok(p.q, p.dt, p.K, 0, p.K); }
 
-/* ---- the V walk on wgmma (bf16, K = 128, V % 64 == 0; vside_wg) ----
+/* ---- the V walk on wgmma (bf16 or f16, K = 128, V % 64 == 0; vside_wg) ----
  * The same sums as the walk of local_kernel, with the chunk's tiles as bf16
  * operands of wgmma from shared memory: k, v, dO raw (exact); X, U, dU as
  * hi + lo halves; S0 and dS as hi + lo in the sums over V, their hi halves
  * alone in X' and dU'; Tm and P rounded to bf16 (the gradients' error /
- * bound margins with and without each rounding: bench/NOTES.md v4.7).
+ * bound margins with and without each rounding: bench/NOTES.md v4.7). f16
+ * inputs the same in f16 (cfwd::f16_hilo: the computed operands as f16
+ * hi + lo too).
  * Each panel of 64 columns:
  *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
  *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)
@@ -317,7 +319,6 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
  * accumulator is the m16n8 tile layout, warp by warp). Every operand is a
  * 64-element-wide block of 128-byte rows in the 128-byte swizzle; the sums
  * over V read them K-major, the sums over K and c MN-major (transposed). */
-using WM = cfwd::mma_traits<__nv_bfloat16>;
 using cfwd::stsm4;
 using cfwd::swz;
 using cfwd::vdesc;
@@ -335,40 +336,43 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int sc = 147456;               /* xs = beta exp(gc) rk, us = ek rk, rk */
     static constexpr int bytes = sc + 3 * CC * 4;
 };
+/* WM: the 16-bit type's routines (cfwd::mma_traits<__nv_bfloat16> or cfwd::f16_hilo) */
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
-__device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) { cfwd::acc_swz_hilo<WM>(x, hi, lo, (int)threadIdx.x); }
+template <typename WM> __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
+    cfwd::acc_swz_hilo<WM>(x, hi, lo, (int)threadIdx.x);
+}
 /* x = K B for a panel B (128 rows of k, 64 columns) at bh (its bf16 hi
  * half; MN-major), K raw: eight k16 steps */
-__device__ __forceinline__ void k_times(float *x, const char *vb, int bh) {
+template <typename WM> __device__ __forceinline__ void k_times(float *x, const char *vb, int bh) {
     cfwd::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
-        wss64<0, 1>(x, vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), vdesc(vb + bh + kk * 2048), kk);
+        wss64<0, 1, WM::bf>(x, vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), vdesc(vb + bh + kk * 2048), kk);
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
 /* x = Tm B (TT = 0) or Tm^T B (TT = 1) for a 64 x 64 block B at bh, bl (hi,
  * lo; MN-major: rows are k), Tm as bf16: two products over four k16 steps */
-template <int TT> __device__ __forceinline__ void tm_times(float *x, const char *vb, int bh, int bl) {
+template <typename WM, int TT> __device__ __forceinline__ void tm_times(float *x, const char *vb, int bh, int bl) {
     constexpr int as = TT ? 2048 : 32;   /* Tm's k step: rows (transposed) or 32 bytes along its rows */
     cfwd::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         const uint64_t th = vdesc(vb + VS::Th + kk * as), b = vdesc(vb + bh + kk * 2048);
-        wss64<TT, 1>(x, th, b, kk);
-        wss64<TT, 1>(x, th, vdesc(vb + bl + kk * 2048), 1);
+        wss64<TT, 1, WM::bf>(x, th, b, kk);
+        wss64<TT, 1, WM::bf>(x, th, vdesc(vb + bl + kk * 2048), 1);
     }
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
-/* four fp32 values as hi, lo bf16 halves (8 bytes each) */
-__device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
+/* four fp32 values as hi, lo 16-bit halves (8 bytes each) */
+template <typename WM> __device__ __forceinline__ void put_hilo4(char *hi, char *lo, float4 v) {
     const uint32_t h0 = WM::pack(v.x, v.y), h1 = WM::pack(v.z, v.w);
     *reinterpret_cast<uint2 *>(hi) = make_uint2(h0, h1);
     *reinterpret_cast<uint2 *>(lo) = make_uint2(WM::pack(v.x - WM::lo(h0), v.y - WM::hi(h0)), WM::pack(v.z - WM::lo(h1), v.w - WM::hi(h1)));
 }
-/* four fp32 values rounded to bf16 (8 bytes) */
-__device__ __forceinline__ void put_bf4(char *hi, float4 v) {
+/* four fp32 values rounded to the 16-bit type (8 bytes) */
+template <typename WM> __device__ __forceinline__ void put_bf4(char *hi, float4 v) {
     *reinterpret_cast<uint2 *>(hi) = make_uint2(WM::pack(v.x, v.y), WM::pack(v.z, v.w));
 }
 
@@ -411,7 +415,7 @@ template <int NQ> __device__ __forceinline__ void ks_add(const float *peer, floa
  * columns, S0 and dS rows), X' and dU' summed with the partner's through kx
  * (32 KB), the panels' dv stored by the two blocks in turn; the caller waits
  * out the last exchange (ks_wait). */
-template <bool KS, typename AccT>
+template <typename WM, bool KS, typename AccT>
 __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, int j, int h, const float *rec, const float *S0g,
                                          const float *dSg, const float *gam, const float *bet, const float *ek, float *dbt, char *vb,
                                          AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot, int kh,
@@ -435,8 +439,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
 #pragma unroll
         for (int u = 0; u < CC * CC / 4 / NT; u++) {
             const int e = 4 * (tid + u * NT), r = e >> 6, c0 = e & 63;
-            put_bf4(vb + VS::Th + swz(r, c0), mt.r[u]);
-            put_bf4(vb + VS::Ph + swz(r, c0), mp.r[u]);
+            put_bf4<WM>(vb + VS::Th + swz(r, c0), mt.r[u]);
+            put_bf4<WM>(vb + VS::Ph + swz(r, c0), mp.r[u]);
         }
     }
     if (tid < CC) {
@@ -469,15 +473,15 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             for (int u = 0; u < 8; u++) {
                 const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
                 tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
-                put_hilo4(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
-                put_hilo4(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
+                put_hilo4<WM>(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
+                put_hilo4<WM>(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
             }
         }
         gdn::cp_wait_all();
         cfwd::fence_async_smem();
         __syncthreads();
         float x[32];
-        k_times(x, vb, cg == 0 ? VS::S0h : VS::dSh);   /* X' = K S0, dU' = K dS */
+        k_times<WM>(x, vb, cg == 0 ? VS::S0h : VS::dSh);   /* X' = K S0, dU' = K dS */
         if constexpr (KS) {   /* summed over both halves of K */
             if (v0 > 0) ks_wait();   /* the partner has read the last panel's */
 #pragma unroll
@@ -498,7 +502,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                     x[4 * a + 2 * hr] = bet[t] * WM::lo(vv) - xs[t] * x[4 * a + 2 * hr];
                     x[4 * a + 2 * hr + 1] = bet[t] * WM::hi(vv) - xs[t] * x[4 * a + 2 * hr + 1];
                 }
-            store_hilo(x, vb + VS::Xh, vb + VS::Xl);
+            store_hilo<WM>(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
@@ -506,19 +510,19 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss64<1, 1>(x, vdesc(vb + VS::Ph + kk * 2048), vdesc(vb + VS::Or + kk * 2048), 1);
+                wss64<1, 1, WM::bf>(x, vdesc(vb + VS::Ph + kk * 2048), vdesc(vb + VS::Or + kk * 2048), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            store_hilo(x, vb + VS::dUh, vb + VS::dUl);
+            store_hilo<WM>(x, vb + VS::dUh, vb + VS::dUl);
         }
         cfwd::fence_async_smem();
         __syncthreads();
         if (cg == 0) {   /* U = Tm X, into X's place (only this warpgroup reads X) */
-            tm_times<0>(x, vb, VS::Xh, VS::Xl);
-            store_hilo(x, vb + VS::Xh, vb + VS::Xl);
+            tm_times<WM, 0>(x, vb, VS::Xh, VS::Xl);
+            store_hilo<WM>(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dBv = Tm^T dU: dv = beta dBv; dbeta += dBv . v */
-            tm_times<1>(x, vb, VS::dUh, VS::dUl);
+            tm_times<WM, 1>(x, vb, VS::dUh, VS::dUl);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -546,20 +550,20 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             const uint64_t duh = vdesc(vb + VS::dUh + kk * 32), dul = vdesc(vb + VS::dUl + kk * 32);
             const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), sl = vdesc(vb + VS::S0l + cg * 8192 + kk * 32);
             const uint64_t dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32), dl = vdesc(vb + VS::dSl + cg * 8192 + kk * 32);
-            wss64<0, 0>(&aKd[0][0][0], uh, dh, 1);
-            wss64<0, 0>(&aKd[0][0][0], uh, dl, 1);
-            wss64<0, 0>(&aKd[0][0][0], ul, dh, 1);
-            wss64<0, 0>(&aXq[0][0][0], oh, sh, 1);
-            wss64<0, 0>(&aXq[0][0][0], oh, sl, 1);
-            wss64<0, 0>(&aWk[0][0][0], duh, sh, 1);
-            wss64<0, 0>(&aWk[0][0][0], duh, sl, 1);
-            wss64<0, 0>(&aWk[0][0][0], dul, sh, 1);
+            wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dh, 1);
+            wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dl, 1);
+            wss64<0, 0, WM::bf>(&aKd[0][0][0], ul, dh, 1);
+            wss64<0, 0, WM::bf>(&aXq[0][0][0], oh, sh, 1);
+            wss64<0, 0, WM::bf>(&aXq[0][0][0], oh, sl, 1);
+            wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sh, 1);
+            wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sl, 1);
+            wss64<0, 0, WM::bf>(&aWk[0][0][0], dul, sh, 1);
             const uint64_t ush = vdesc(vb + VS::Xh + cg * 4096 + kk * 32), usl = vdesc(vb + VS::Xl + cg * 4096 + kk * 32);
             const uint64_t vr = vdesc(vb + VS::Vr + cg * 4096 + kk * 32);
-            wss32<0, 0>(&aP[0][0], oh, ush, 1);
-            wss32<0, 0>(&aP[0][0], oh, usl, 1);
-            wss32<0, 0>(&aTm[0][0], duh, vr, 1);
-            wss32<0, 0>(&aTm[0][0], dul, vr, 1);
+            wss32<0, 0, WM::bf>(&aP[0][0], oh, ush, 1);
+            wss32<0, 0, WM::bf>(&aP[0][0], oh, usl, 1);
+            wss32<0, 0, WM::bf>(&aTm[0][0], duh, vr, 1);
+            wss32<0, 0, WM::bf>(&aTm[0][0], dul, vr, 1);
         }
         cfwd::wg_commit();
         cfwd::wg_wait<0>();
@@ -696,10 +700,11 @@ __device__ __forceinline__ void cluster_qk_store(const BwdArgs &p, int64_t row0,
 /* gate_store's sums: double with 3xTF32 products, float with single tf32 ones */
 template <bool SPLIT> using GateSum = typename std::conditional<SPLIT, double, float>::type;
 
-/* WG: the V walk on wgmma (vside_wg; vside_wg_ok), the K side as without.
+/* WG: the V walk on wgmma (vside_wg; wg_of) for bf16 (1) or f16 (2), the K side as without.
  * KS: the K split above (KH = 128, 128 < K <= 256, G <= 4) */
-template <bool SPLIT, int KH, bool WG, bool KS = false>
+template <bool SPLIT, int KH, int WG, bool KS = false>
 __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
+    using WM = std::conditional_t<WG == 2, cfwd::f16_hilo, cfwd::mma_traits<__nv_bfloat16>>;   /* WG's 16-bit type */
     using L = Lay<KH>;
     constexpr int LK = L::LK, NR = KH / 64;
     static_assert(!KS || KH == 128, "the K split: halves of 128 columns");
@@ -784,7 +789,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
         static_assert(!KS || VS::bytes + 2048 + 32 * NT * 4 <= L::end * 4, "the K split's exchange after vside_wg's operands");
         char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
-        vside_wg<KS>(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot, kh,
+        vside_wg<WM, KS>(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot, kh,
                      reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024));   /* KS: no q staging */
         BP(1);
         /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
@@ -1085,16 +1090,23 @@ Scr local_scr(int K) {
     return s;
 }
 
+/* the wgmma walk's instance (WG: the 16-bit type, 1 bf16, 2 f16) where the
+ * call takes it (16-bit inputs, K = 128 a block, V in panels of
+ * 64, aligned rows), else 0 */
+int wg_of(const BwdArgs &p, bool split, int kb) {
+    return !split && (p.dt == 1 || p.dt == 2) && p.K == kb && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv)
+               ? p.dt : 0;
+}
 template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K, int G) {
-    if (local_ks(K, G)) {
-        const cudaError_t e = smem_attr(local_kernel<SPLIT, 128, false, true>, local_smem<128>());
-        if constexpr (SPLIT) return e;
-        else return e != cudaSuccess ? e : smem_attr(local_kernel<SPLIT, 128, true, true>, local_smem<128>());
-    }
-    if (k8(K) <= 64) return smem_attr(local_kernel<SPLIT, 64, false>, local_smem<64>());
-    const cudaError_t e = smem_attr(local_kernel<SPLIT, 128, false>, local_smem<128>());
-    if constexpr (SPLIT) return e;
-    else return e != cudaSuccess ? e : smem_attr(local_kernel<SPLIT, 128, true>, local_smem<128>());
+    const bool ks = local_ks(K, G);
+    if (!ks && k8(K) <= 64) return smem_attr(local_kernel<SPLIT, 64, 0>, local_smem<64>());
+    cudaError_t e = ks ? smem_attr(local_kernel<SPLIT, 128, 0, true>, local_smem<128>()) : smem_attr(local_kernel<SPLIT, 128, 0>, local_smem<128>());
+    if constexpr (!SPLIT)
+        for (int wg = 1; wg <= 2 && e == cudaSuccess; wg++) {
+            if (ks) e = smem_attr(wg == 1 ? local_kernel<SPLIT, 128, 1, true> : local_kernel<SPLIT, 128, 2, true>, local_smem<128>());
+            else e = smem_attr(wg == 1 ? local_kernel<SPLIT, 128, 1> : local_kernel<SPLIT, 128, 2>, local_smem<128>());
+        }
+    return e;
 }
 /* one block per item, in clusters of G blocks where G.cl; with the K split
  * (ks) two blocks an item, the cluster */
@@ -1117,15 +1129,24 @@ void launch_items(Kern k, const BwdArgs &p, const Grp &G, unsigned items, int sm
 }
 template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st) {
     const unsigned items = (unsigned)(nsl * p.HV);
-    if (local_ks(p.K, p.G)) {   /* the V walk on wgmma where both halves are whole (bf16, K = 256; vside_wg_ok) */
-        if (!SPLIT && p.dt == 1 && p.K == 256 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
-            launch_items(local_kernel<SPLIT, 128, !SPLIT, true>, p, G, items, local_smem<128>(), st, true);
-        else launch_items(local_kernel<SPLIT, 128, false, true>, p, G, items, local_smem<128>(), st, true);
+    const int sm = local_smem<128>();
+    if (local_ks(p.K, p.G)) {   /* the V walk on wgmma where both halves are whole (K = 256) */
+        const int wg = wg_of(p, SPLIT, 256);
+        if constexpr (!SPLIT) {
+            if (wg == 1) return launch_items(local_kernel<SPLIT, 128, 1, true>, p, G, items, sm, st, true);
+            if (wg == 2) return launch_items(local_kernel<SPLIT, 128, 2, true>, p, G, items, sm, st, true);
+        }
+        launch_items(local_kernel<SPLIT, 128, 0, true>, p, G, items, sm, st, true);
+    } else if (k8(p.K) <= 64) {
+        launch_items(local_kernel<SPLIT, 64, 0>, p, G, items, local_smem<64>(), st);
+    } else {
+        const int wg = wg_of(p, SPLIT, 128);
+        if constexpr (!SPLIT) {
+            if (wg == 1) return launch_items(local_kernel<SPLIT, 128, 1>, p, G, items, sm, st);
+            if (wg == 2) return launch_items(local_kernel<SPLIT, 128, 2>, p, G, items, sm, st);
+        }
+        launch_items(local_kernel<SPLIT, 128, 0>, p, G, items, sm, st);
     }
-    else if (k8(p.K) <= 64) launch_items(local_kernel<SPLIT, 64, false>, p, G, items, local_smem<64>(), st);
-    else if (!SPLIT && p.dt == 1 && p.K == 128 && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv))
-        launch_items(local_kernel<SPLIT, 128, !SPLIT>, p, G, items, local_smem<128>(), st);   /* vside_wg_ok */
-    else launch_items(local_kernel<SPLIT, 128, false>, p, G, items, local_smem<128>(), st);
 }
 template struct LocalPass<true>;
 template struct LocalPass<false>;

@@ -1,4 +1,4 @@
-/* CUDA chunk backward, the reverse sweep transposed (bf16, K = 128, V in
+/* CUDA chunk backward, the reverse sweep transposed (bf16 / f16, K = 128, V in
  * 128-column blocks): dS^T in the registers of two warpgroups as the A
  * operand of every product, the mirror of the forward's transposed state
  * walk (chunk_fwd_state_t.cu); its launcher. K = 256 (KS): two blocks a
@@ -21,7 +21,9 @@
  * A chunk's k, q, dO rows (128-byte swizzle) and its record's Tm, P and
  * gate rows come by cp.async a chunk ahead into the other of two stages;
  * Tm and P are rounded into their blocked bf16 operands once a chunk by the
- * whole block. */
+ * whole block. f16 inputs take the same steps in f16 (their rows exact, the
+ * computed operands as f16 hi + lo: cfwd::f16_hilo); the rows are addressed
+ * as 16-bit elements of either type. */
 #include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
@@ -30,7 +32,6 @@ namespace gdn {
 namespace cbwd {
 namespace {
 
-using M = cfwd::mma_traits<__nv_bfloat16>;
 using cfwd::afrag;
 using cfwd::afrag_hilo;
 using cfwd::blk64;
@@ -66,7 +67,8 @@ __device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int
     return base + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)v * p.K + i : (int64_t)i * p.V + v);
 }
 
-template <bool KS>
+/* M: the 16-bit type's routines (cfwd::mma_traits<__nv_bfloat16>, cfwd::f16_hilo) */
+template <bool KS, typename M>
 __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     extern __shared__ __align__(1024) char smr_raw[];
     char *sm = smr_raw + ((1024 - (saddr(smr_raw) & 1023)) & 1023);
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             for (int kk = 0; kk < 8; kk++) afrag<M>(sa[kk], st, kk);
             cfwd::wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) wgt_rs<64, true, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
+            for (int kk = 0; kk < 8; kk++) wgt_rs<64, M::bf, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
         }
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             const uint32_t a[4] = {vt[2 * kk][0], vt[2 * kk][1], vt[2 * kk + 1][0], vt[2 * kk + 1][1]};
-            wgt_rs<64, true, 0>(u, a, desc_blk(Ph + kk * 128), kk);
+            wgt_rs<64, M::bf, 0>(u, a, desc_blk(Ph + kk * 128), kk);
         }
         cfwd::wg_commit();
         cfwd::wg_wait<0>();
@@ -232,8 +234,8 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wgt_rs<64, true, 0>(y, ua[kk][0], desc_blk(Th + kk * 128), kk);
-                wgt_rs<64, true, 0>(y, ua[kk][1], desc_blk(Th + kk * 128), 1);
+                wgt_rs<64, M::bf, 0>(y, ua[kk][0], desc_blk(Th + kk * 128), kk);
+                wgt_rs<64, M::bf, 0>(y, ua[kk][1], desc_blk(Th + kk * 128), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -263,10 +265,10 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 const uint64_t dk = desc_sw128(Ks + kk * 16 * 64, 8192), dq = desc_sw128(Qs + kk * 16 * 64, 8192);
-                wgt_rs<128, true, 1>(st, ya[kk][0], dk, 1);
-                wgt_rs<128, true, 1>(st, ya[kk][1], dk, 1);
-                wgt_rs<128, true, 1>(st, xa[kk][0], dq, 1);
-                wgt_rs<128, true, 1>(st, xa[kk][1], dq, 1);
+                wgt_rs<128, M::bf, 1>(st, ya[kk][0], dk, 1);
+                wgt_rs<128, M::bf, 1>(st, ya[kk][1], dk, 1);
+                wgt_rs<128, M::bf, 1>(st, xa[kk][0], dq, 1);
+                wgt_rs<128, M::bf, 1>(st, xa[kk][1], dq, 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -285,15 +287,19 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 
 }  // namespace
 
-/* bf16, K = 128 or 256 (KS), V in 128-column blocks, q / k / dO rows 16-byte aligned */
+/* bf16 or f16, K = 128 or 256 (KS), V in 128-column blocks, q / k / dO rows 16-byte aligned */
 bool SweepT::takes(const BwdArgs &p) {
-    return p.dt == 1 && (p.K == 128 || p.K == 256) && p.V % 128 == 0 && al16(p.q) && al16(p.k) && al16(p.dout);
+    return (p.dt == 1 || p.dt == 2) && (p.K == 128 || p.K == 256) && p.V % 128 == 0 && al16(p.q) && al16(p.k) && al16(p.dout);
 }
+using BF = cfwd::mma_traits<__nv_bfloat16>;
+using HF = cfwd::f16_hilo;
 cudaError_t SweepT::attr() {
     static bool done = false;
     if (done) return cudaSuccess;
-    cudaError_t e = smem_attr(bwd_sweep_t_kernel<false>, RSmem::bytes);
-    if (e == cudaSuccess) e = smem_attr(bwd_sweep_t_kernel<true>, RSmem::bytes_ks);
+    cudaError_t e = smem_attr(bwd_sweep_t_kernel<false, BF>, RSmem::bytes);
+    if (e == cudaSuccess) e = smem_attr(bwd_sweep_t_kernel<true, BF>, RSmem::bytes_ks);
+    if (e == cudaSuccess) e = smem_attr(bwd_sweep_t_kernel<false, HF>, RSmem::bytes);
+    if (e == cudaSuccess) e = smem_attr(bwd_sweep_t_kernel<true, HF>, RSmem::bytes_ks);
     if (e == cudaSuccess) done = true;
     return e;
 }
@@ -301,7 +307,8 @@ void SweepT::launch(const BwdArgs &p, cudaStream_t st) {
     const unsigned blocks = (unsigned)(p.N * p.HV * (p.V / 128));
     if (blocks == 0) return;
     if (p.K == 128) {
-        bwd_sweep_t_kernel<false><<<blocks, TT, RSmem::bytes, st>>>(p);
+        if (p.dt == 1) bwd_sweep_t_kernel<false, BF><<<blocks, TT, RSmem::bytes, st>>>(p);
+        else bwd_sweep_t_kernel<false, HF><<<blocks, TT, RSmem::bytes, st>>>(p);
         return;
     }
     cudaLaunchConfig_t cfg = {};   /* K = 256: two blocks a column block, one cluster */
@@ -315,7 +322,8 @@ void SweepT::launch(const BwdArgs &p, cudaStream_t st) {
     at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, bwd_sweep_t_kernel<true>, p);
+    if (p.dt == 1) cudaLaunchKernelEx(&cfg, bwd_sweep_t_kernel<true, BF>, p);
+    else cudaLaunchKernelEx(&cfg, bwd_sweep_t_kernel<true, HF>, p);
 }
 
 }  // namespace cbwd

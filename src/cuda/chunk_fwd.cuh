@@ -108,6 +108,11 @@ template <> struct mma_traits<__half> {
     static __device__ __forceinline__ float lo(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x & 0xffffu))); }
     static __device__ __forceinline__ float hi(uint32_t x) { return __half2float(__ushort_as_half((unsigned short)(x >> 16))); }
 };
+/* f16 as the backward's wgmma kernels take it: q, k, v, dO exact in their own
+ * type, the computed operands as hi + lo halves as with bf16 */
+struct f16_hilo : mma_traits<__half> {
+    static constexpr bool split = true;
+};
 
 /* four 8x8 b16 matrices from the accumulator layout (r[m]: row lane / 4,
  * columns 2 (lane % 4) + {0, 1} of matrix m); lane l gives the address of row
@@ -249,15 +254,17 @@ __device__ __forceinline__ void acc_swz_hilo(const float *x, char *hi, char *lo,
         stsm4(lo + at, l[0], l[1], l[2], l[3]);
     }
 }
-/* wgmma with A and B from shared memory; TA, TB: operand MN-major (transposed) */
-template <int TA, int TB> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+/* wgmma with A and B from shared memory; TA, TB: operand MN-major (transposed); BF: bf16, else f16 */
+template <int TA, int TB, bool BF = true> __device__ __forceinline__ void wss64(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (BF) asm volatile(WGX_OP(64, "bf16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+    else asm volatile(WGX_OP(64, "f16", WG_R32, "%32, %33", "%34", "%35, %36") : WG_D32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 template <int TA, int TB> __device__ __forceinline__ void wss128(float *d, uint64_t da, uint64_t db, int acc) {
     asm volatile(WGX_OP(128, "bf16", WG_R64, "%64, %65", "%66", "%67, %68") : WG_D64 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
-template <int TA, int TB> __device__ __forceinline__ void wss32(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+template <int TA, int TB, bool BF = true> __device__ __forceinline__ void wss32(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (BF) asm volatile(WGX_OP(32, "bf16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+    else asm volatile(WGX_OP(32, "f16", WG_R16, "%16, %17", "%18", "%19, %20") : WG_D16 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ uint32_t tf32(float x) {
