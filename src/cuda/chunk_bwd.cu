@@ -13,7 +13,8 @@
  * bf16 / f16 inputs from K = 16, which take one tf32 product (their
  * gradients are stored in 16 bits), and bf16 with K = 128, whose reverse
  * sweep, local walk over V and prep products are bf16 wgmma with inexact
- * operands split into hi + lo halves (~16 bits kept; q, k, v, dO exact),
+ * operands split into hi + lo halves (~16 bits kept; q, k, v, dO exact; the
+ * sweep and the walk also for f16, in f16, and at K = 256 split over K),
  * but for Tm and P, and the state and state gradient where they are
  * multiplied by K (K S0, K dS), which are rounded to bf16 (the measured
  * margins: bench/NOTES.md v4.7); the rest fp32 / double as the CPU.
@@ -42,9 +43,11 @@
  *               each chunk into `dstates`, dh0 at the end   (chunk_bwd.c dstate_span)
  *               Both sweeps fetch the next chunk into registers while the
  *               current one computes (bf16 / f16, K <= 128, aligned). For
- *               bf16 with K = 128 and V in 128-column blocks the reverse
- *               sweep is chunk_bwd_sweep_t.cu instead: dS^T in registers as
- *               the wgmma A operand, bf16 operands (dU as hi + lo).
+ *               bf16 / f16 with K = 128 or 256 and V in 128-column blocks
+ *               the reverse sweep is chunk_bwd_sweep_t.cu instead: dS^T in
+ *               registers as the wgmma A operand, 16-bit operands (dU as
+ *               hi + lo); at K = 256 two blocks a column block, one a half
+ *               of K.
  *   local stage K <= 128 (and 128 < K <= 256 with G <= 4, local_ks: two
  *               blocks an item, each holding half of K, their sums over K
  *               exchanged in the cluster of the 2 G blocks): one block
