@@ -3,6 +3,7 @@
  * the -DGDN_BWD_PROFILE cycle probes, the row loaders of every pass, the group
  * stage's scratch layout, and the launchers each pass file defines. */
 #pragma once
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #ifdef GDN_BWD_PROFILE
 #include <cstdio>
@@ -484,6 +485,27 @@ struct Grp {
  * over K through distributed shared memory, the G value heads' 2 G blocks
  * one cluster (chunk_bwd_local.cu, KS) */
 __host__ __device__ inline bool local_ks(int K, int G) { return k8(K) > 128 && k8(K) <= 256 && G <= 4; }
+/* The K split's exchange (the local stage and the transposed reverse sweep
+ * at K = 256): the cluster barrier in halves (arrive with release, wait with
+ * acquire), the partner block's copy of a shared array (cluster ranks in
+ * pairs 2 g, 2 g + 1), and a thread's N values to / from an array by thread
+ * (value i at i NT + thread: whole 128-byte lines a warp). Partials are
+ * added as own + partner's, the same bits in both blocks. */
+__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ks_sync() { ks_arrive(); ks_wait(); }
+template <typename T> __device__ __forceinline__ T *ks_peer(T *x) {
+    namespace cg = cooperative_groups;
+    return cg::this_cluster().map_shared_rank(x, (int)cg::this_cluster().block_rank() ^ 1);
+}
+template <int N> __device__ __forceinline__ void ks_put(float *buf, const float *x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) buf[i * NT + threadIdx.x] = x[i];
+}
+template <int N> __device__ __forceinline__ void ks_add(const float *peer, float *x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) x[i] += peer[i * NT + threadIdx.x];
+}
 /* the chunk-local stage of chunk_bwd_local.cu (else the group stage of chunk_bwd_grp.cu) */
 __host__ __device__ inline bool use_local(int K, int G) { return k8(K) <= 128 || local_ks(K, G); }
 /* the local stage sums dQc, dKc over the G value heads in a thread-block

@@ -383,29 +383,8 @@ template <typename WM> __device__ __forceinline__ void put_bf4(char *hi, float4 
  * a panel, the row dots, dWk Bk^T, K K^T, S0 . dS) is the two blocks'
  * partials added as own + partner's, the same bits in both. The exchanges
  * are ordered by the cluster barrier (arrive with release, wait with
- * acquire), each buffer written again only after a barrier the partner
- * reaches once it has read it. ---- */
-__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ks_sync() { ks_arrive(); ks_wait(); }
-/* the partner block's copy of shared array x */
-template <typename T> __device__ __forceinline__ T *ks_peer(T *x) {
-    namespace cg = cooperative_groups;
-    return cg::this_cluster().map_shared_rank(x, (int)cg::this_cluster().block_rank() ^ 1);
-}
-/* a warp tile's accumulator (its first NQ n8 tiles) to / from an array by thread */
-template <int NQ> __device__ __forceinline__ void ks_put(float *buf, const float (&a)[4][4]) {
-#pragma unroll
-    for (int q = 0; q < NQ; q++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) buf[(q * 4 + r) * NT + threadIdx.x] = a[q][r];
-}
-template <int NQ> __device__ __forceinline__ void ks_add(const float *peer, float (&a)[4][4]) {
-#pragma unroll
-    for (int q = 0; q < NQ; q++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[q][r] += peer[(q * 4 + r) * NT + threadIdx.x];
-}
+ * acquire; ks_* in chunk_bwd.cuh), each buffer written again only after a
+ * barrier the partner reaches once it has read it. ---- */
 
 /* the V walk of one item: the sums into aKd, aXq, aWk (c x K) and aP, aTm
  * (c x c), dv stored, dBv . v added to dbt, S0 . dS to tot. gam, bet, ek set
@@ -484,12 +463,9 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         k_times<WM>(x, vb, cg == 0 ? VS::S0h : VS::dSh);   /* X' = K S0, dU' = K dS */
         if constexpr (KS) {   /* summed over both halves of K */
             if (v0 > 0) ks_wait();   /* the partner has read the last panel's */
-#pragma unroll
-            for (int i = 0; i < 32; i++) kx[i * NT + tid] = x[i];
+            ks_put<32>(kx, x);
             ks_sync();
-            const float *px = ks_peer(kx);
-#pragma unroll
-            for (int i = 0; i < 32; i++) x[i] += px[i * NT + tid];
+            ks_add<32>(ks_peer(kx), x);
             ks_arrive();
         }
         if (cg == 0) {   /* X = beta v - xs K S0 */
@@ -854,12 +830,12 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
             panel_acc<SPLIT, false, true>(d, 0, KH, Kc, LK, dSp, LP);
             if constexpr (KS) {   /* X' and dU' summed over both halves of K */
                 if (v0 > 0) ks_wait();   /* the partner has read the last panel's */
-                ks_put<2>(kx, a);
-                ks_put<2>(kx + 8 * NT, d);
+                ks_put<8>(kx, &a[0][0]);   /* the panel tile's two n8 tiles */
+                ks_put<8>(kx + 8 * NT, &d[0][0]);
                 ks_sync();
                 const float *px = ks_peer(kx);
-                ks_add<2>(px, a);
-                ks_add<2>(px + 8 * NT, d);
+                ks_add<8>(px, &a[0][0]);
+                ks_add<8>(px + 8 * NT, &d[0][0]);
                 ks_arrive();
             }
             panel_store(a, [&](int t, int v, float acc) {
@@ -972,9 +948,9 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         float a[4][4] = {};
         if (cc_live) gdn::warp_mma_s<SPLIT, false, false, 4>(a, dWk, LK, Kc, LK, wr, cc0, 0, Kp);
         if constexpr (KS) {   /* summed over both halves, through tmp's place (free until tmp) */
-            ks_put<4>(tmp, a);
+            ks_put<16>(tmp, &a[0][0]);
             ks_sync();
-            ks_add<4>(ks_peer(tmp), a);
+            ks_add<16>(ks_peer(tmp), &a[0][0]);
         }
         gdn::warp_store(a, wr, cc0, 4, CC, CC, [&](int t, int u, float x) {
             dTm[t * R4 + u] = u < t ? gdn::tf32r_if<SPLIT>(dTm[t * R4 + u] + x * (bet[u] * gam[u])) : 0.f;

@@ -24,7 +24,6 @@
  * whole block. f16 inputs take the same steps in f16 (their rows exact, the
  * computed operands as f16 hi + lo: cfwd::f16_hilo); the rows are addressed
  * as 16-bit elements of either type. */
-#include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
@@ -40,6 +39,7 @@ using cfwd::desc_sw128;
 using cfwd::wgt_rs;
 
 constexpr int TT = 256;   /* threads: two warpgroups */
+static_assert(TT == NT, "the K split's exchange arrays are laid out by NT threads (ks_put)");
 struct RStage {           /* one chunk's inputs, in bytes; 1024-byte aligned pieces for the swizzle */
     static constexpr int k = 0;           /* [k cols 0-63][k cols 64-127], 64 rows x 128 B each, swizzled */
     static constexpr int q = 16384;       /* the same for q */
@@ -58,8 +58,6 @@ struct RSmem {
     static constexpr int bytes_ks = zx + 32 * 256 * 4 + 1024;
 };
 static_assert(RSmem::bytes_ks <= 227 * 1024, "the K split's sweep fits an SM");
-__device__ __forceinline__ void ks_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 /* the state gradient (n, j) of dht / dh0 at (k row i, column v) */
 __device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int i, int v) {
@@ -190,14 +188,9 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         }
         if constexpr (KS) {   /* Z^T over both halves of K */
             if (ci < nch - 1) ks_wait();   /* the partner has read the last chunk's */
-#pragma unroll
-            for (int i = 0; i < 32; i++) zx[i * TT + tid] = z[i];
-            ks_arrive();
-            ks_wait();
-            namespace cgr = cooperative_groups;
-            const float *pz = cgr::this_cluster().map_shared_rank(zx, (int)cgr::this_cluster().block_rank() ^ 1);
-#pragma unroll
-            for (int i = 0; i < 32; i++) z[i] += pz[i * TT + tid];
+            ks_put<32>(zx, z);
+            ks_sync();
+            ks_add<32>(ks_peer(zx), z);
             ks_arrive();
         }
         /* dO^T in the accumulator layout (tokens 8 a.., this warp's rows), which is also its A fragments */
