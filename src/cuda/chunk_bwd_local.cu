@@ -1069,7 +1069,7 @@ Scr local_scr(int K) {
 /* the wgmma walk's instance (WG: the 16-bit type, 1 bf16, 2 f16) where the
  * call takes it (16-bit inputs, K = 128 a block, V in panels of
  * 64, aligned rows), else 0 */
-int wg_of(const BwdArgs &p, bool split, int kb) {
+static int wg_of(const BwdArgs &p, bool split, int kb) {
     return !split && (p.dt == 1 || p.dt == 2) && p.K == kb && p.V % WVP == 0 && al16(p.k) && al16(p.v) && al16(p.dout) && al16(p.dv)
                ? p.dt : 0;
 }
