@@ -53,8 +53,8 @@
  *               exchanged in the cluster of the 2 G blocks): one block
  *               per (slot, j) runs chunk_backward of
  *               chunk_bwd.c with its tiles in shared memory and its sums
- *               over V in registers (chunk_bwd_local.cu; for bf16 with
- *               K = 128 its walk over V on wgmma, vside_wg); dq, dk summed
+ *               over V in registers (chunk_bwd_local.cu; for bf16 / f16
+ *               with K = 128 a block its walk over V on wgmma, vside_wg); dq, dk summed
  *               over the G value heads in order, the l2norm chain, stored:
  *               in a thread-block cluster of the G blocks of a (slot, q/k
  *               head) through distributed shared memory (G <= 8), else over
