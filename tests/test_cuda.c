@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/common.h"
 #include "ref/ref.h"
 #include "test_util.h"
 
@@ -591,6 +592,89 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
     free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
 }
 
+/* The forward's segment maps kept for the backward's split (gdn_saved_maps,
+ * src/common/saved.c): a backward that takes them from saved gives the same
+ * bits as one that runs its own pass 1 (the forward whole, seq_split 1, which
+ * keeps none and clears their tag); and it does read them: with saved's maps
+ * zeroed (their tag kept) the gradients change. One sequence of 4096 tokens on
+ * four value heads, every call's split automatic but that forward's. */
+static void maps_case(gdn_dtype dt, int HV, unsigned flags, uint64_t seed) {
+    rng r;
+    rng_seed(&r, seed);
+    const int64_t T = 4096;
+    const int H = 1, K = 128, V = 128;
+    char ctx[256];
+    snprintf(ctx, sizeof ctx, "op=chunk_bwd backend=cuda saved maps B1 T%lld H%d HV%d K%d V%d dtype=%s flags=0x%x seed=%llu", (long long)T,
+             H, HV, K, V, t_dtype_name(dt), flags, (unsigned long long)seed);
+    gdn_config c = {.B = 1, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
+    const size_t nq = (size_t)T * H * K, nv = (size_t)T * HV * V, ng = (size_t)T * HV, ns = (size_t)HV * K * V, dsz = t_dsize(dt);
+    const size_t sv = gdn_chunk_saved_size(&c);
+    gdn_saved_layout sl = gdn_saved_at(&c, (void *)(uintptr_t)4096);   /* offsets only */
+    if (!check(sl.maps != NULL, ctx, "saved keeps no maps for this shape (%zu bytes)", sv)) return;
+    const size_t tag_off = (size_t)((char *)sl.ckpt_tag - (char *)(uintptr_t)4096), maps_off = (size_t)((char *)sl.maps - (char *)(uintptr_t)4096);
+    void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
+    float *g = t_alloc(4 * ng), *b = t_alloc(4 * ng), *h0 = t_alloc(4 * ns), *dht = t_alloc(4 * ns), A_log[64], dt_bias[64];
+    for (size_t i = 0; i < nq; i++) { t_store(dt, q, i, (float)rng_normal(&r)); t_store(dt, k, i, (float)rng_normal(&r)); }
+    for (size_t i = 0; i < nv; i++) { t_store(dt, v, i, (float)rng_normal(&r)); t_store(dt, dout, i, (float)rng_normal(&r)); }
+    for (size_t i = 0; i < ng; i++) { g[i] = (float)rng_normal(&r); b[i] = (float)rng_normal(&r); }
+    for (size_t i = 0; i < ns; i++) { h0[i] = (float)rng_normal(&r); dht[i] = (float)rng_normal(&r); }
+    for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); dt_bias[j] = (float)(0.5 * rng_normal(&r)); }
+    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz), *ddo = dev_put(dout, nv * dsz),
+         *dg_ = dev_put(g, 4 * ng), *db_ = dev_put(b, 4 * ng), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
+         *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns), *dO = NULL, *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dAl = NULL,
+         *ddtb = NULL;
+    const size_t sizes[6] = {nq, nq, nv, ng, ng, ns}, esz[6] = {dsz, dsz, dsz, 4, 4, 4};
+    const char *names[6] = {"dq", "dk", "dv", "da", "db", "dh0"};
+    void *out[3][6] = {{NULL}}, *host[3][6] = {{NULL}};
+    gdn_exec ex = cuda_ex, exw = cuda_ex;
+    ex.seq_split = 0;
+    exw.seq_split = 1;
+    const size_t wf = gdn_chunk_fwd_workspace_size(&ex, &c), wfw = gdn_chunk_fwd_workspace_size(&exw, &c),
+                 wb = gdn_chunk_bwd_workspace_size(&ex, &c);
+    cudaMalloc(&dO, nv * dsz); cudaMalloc(&dsv, sv); cudaMalloc(&dwsf, (wf > wfw ? wf : wfw) + 16); cudaMalloc(&dwsb, wb + 16);
+    cudaMalloc(&dAl, 4 * HV); cudaMalloc(&ddtb, 4 * HV);
+    int ok = 1, tag[2] = {0, 0};
+    /* 0: the forward split (its maps kept), 1: the forward whole (none kept), 2: as 0 with saved's maps zeroed */
+    for (int run = 0; run < 3 && ok; run++) {
+        for (int i = 0; i < 6; i++) {
+            host[run][i] = t_alloc(sizes[i] * esz[i]);
+            t_poison_nan(i < 3 ? dt : GDN_F32, host[run][i], sizes[i]);
+            out[run][i] = dev_put(host[run][i], sizes[i] * esz[i]);
+        }
+        gdn_fwd_args fa = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in, .o = dO,
+                           .saved = dsv, .saved_bytes = sv, .workspace = dwsf, .workspace_bytes = run == 1 ? wfw : wf};
+        gdn_bwd_args ba = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in,
+                           .saved = dsv, .saved_bytes = sv, .dout = ddo, .dht = ddht, .dq = out[run][0], .dk = out[run][1],
+                           .dv = out[run][2], .dg = out[run][3], .dbeta = out[run][4], .dA_log = dAl, .ddt_bias = ddtb,
+                           .dh0 = (float *)out[run][5], .workspace = dwsb, .workspace_bytes = wb};
+        gdn_status s = gdn_chunk_fwd(run == 1 ? &exw : &ex, &c, &fa);
+        cudaMemcpy(tag, (char *)dsv + tag_off, sizeof tag, cudaMemcpyDeviceToHost);
+        if (run == 2) cudaMemset((char *)dsv + maps_off, 0, sv - maps_off);
+        if (s == GDN_OK) s = gdn_chunk_bwd(&ex, &c, &ba);
+        const cudaError_t e = cudaDeviceSynchronize();
+        ok = check(s == GDN_OK && e == cudaSuccess, ctx, "run %d: status %s (%s), cuda %s", run, gdn_status_string(s), gdn_last_error(),
+                   cudaGetErrorString(e));
+        if (ok) ok = check(run == 1 ? tag[1] == 0 : tag[1] != 0, ctx, "run %d: the maps' tag in saved is %#x", run, tag[1]);
+        for (int i = 0; i < 6; i++) dev_get(host[run][i], out[run][i], sizes[i] * esz[i]);
+    }
+    if (ok) {
+        int changed = 0;
+        for (int i = 0; i < 6; i++) {
+            size_t nan = 0;
+            for (size_t x = 0; x < sizes[i]; x++) nan += t_get(i < 3 ? dt : GDN_F32, host[0][i], x) != t_get(i < 3 ? dt : GDN_F32, host[0][i], x);
+            check(nan == 0, ctx, "%s: %zu of %zu elements not written", names[i], nan, sizes[i]);
+            check(!memcmp(host[0][i], host[1][i], sizes[i] * esz[i]), ctx, "%s: the saved maps change its bits", names[i]);
+            changed |= memcmp(host[0][i], host[2][i], sizes[i] * esz[i]) != 0;
+        }
+        check(changed, ctx, "with saved's maps zeroed no gradient changed: the backward did not read them");
+    }
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 6; i++) { cudaFree(out[run][i]); free(host[run][i]); }
+    void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dAl, ddtb, dO, dsv, dwsf, dwsb};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+    free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
+}
+
 static const int64_t lens_ks[] = {0, 1, 200, 65, 0, 130};
 static void test_cuda_chunk_bwd(rng *r) {
     const gdn_dtype dts[3] = {GDN_F32, GDN_BF16, GDN_F16};
@@ -721,6 +805,8 @@ static void test_cuda_chunk_bwd(rng *r) {
     windows_case(GDN_BF16, 16, 32, 128, 128, L2 | GF | BS, rng_u64(r));
     windows_case(GDN_F16, 8, 16, 64, 64, L2 | GF | BS | VF, rng_u64(r));
     windows_case(GDN_F16, 8, 16, 256, 256, L2 | GF | BS, rng_u64(r));   /* the K split (G = 2) */
+    maps_case(GDN_BF16, 4, L2 | GF | BS, rng_u64(r));
+    maps_case(GDN_F16, 2, L2 | GF | BS | VF, rng_u64(r));
     /* the long GVA case: many groups of slots */
     if (!g_quick) {
         bcase tc = {.B = 3, .T = 5000, .H = 6, .HV = 12, .K = 40, .V = 72, .dt = GDN_BF16, .gdt = GDN_F32,

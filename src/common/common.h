@@ -81,19 +81,26 @@ static inline void gdn_seq(const gdn_plan *p, int64_t n, int64_t *bos, int64_t *
 }
 
 /* saved-for-backward layout: [rstd_q B*T*H][rstd_k B*T*H] with L2NORM, else
- * nothing; then, where gdn_saved_ckpts says, at the next 256 bytes a tag (an
- * int) and 256 bytes on nck states [nck][N][HV][K][V] fp32 in h0's layout:
- * the CUDA forward's checkpoints for the backward's windows (the tag says
- * which windows they are, 0: none; the CPU backend leaves them unused) */
+ * nothing; then, where gdn_saved_ckpts or gdn_saved_maps says, at the next 256
+ * bytes a tag block (two ints, 256 bytes), then nck states [nck][N][HV][K][V]
+ * fp32 in h0's layout: the CUDA forward's checkpoints for the backward's
+ * windows (tag[0] says which windows they are, 0: none), then room for nmaps
+ * segment slots of the CUDA forward's pass-1 maps for the backward's sequence
+ * split ([nmaps][HV] x K x K, then [nmaps][HV] x K x V, fp32; tag[1] says for
+ * which segment length, 0: none). The CPU backend leaves both unused and
+ * zeroes the tags. */
 typedef struct gdn_saved_layout {
     float *rstd_q, *rstd_k;
-    int *ckpt_tag;
+    int *ckpt_tag;   /* the tag block: [0] the checkpoints', [1] the maps' */
     float *ckpt;
     int nck;
+    float *maps;
+    int64_t nmaps;
 } gdn_saved_layout;
 size_t gdn_saved_bytes(const gdn_config *c);   /* common/saved.c */
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved);
 int gdn_saved_ckpts(const gdn_config *c);
+int64_t gdn_saved_maps(const gdn_config *c);
 
 /* Denormals flushed to zero inside the CPU kernels' threads, restored on
  * exit: a state under hard decay (g ~ -20) drifts into the denormal range,

@@ -23,16 +23,45 @@ int gdn_saved_ckpts(const gdn_config *c) {
     return 3;
 }
 
-/* bytes of the rstd rows, and where the checkpoints' tag starts after them */
+/* Segment slots of the forward's pass-1 maps kept for the CUDA backward's
+ * sequence split (src/cuda/chunk_bwd.cu split_sc: recomputing them is ~1/8 of
+ * long1's backward), where that split can happen on a card of up to MAP_SMS
+ * SMs: bf16 / f16 with the L2 norm, at most MAP_SMS / 2 (sequence, value head)
+ * blocks, sequences of 16 chunks or more. The count bounds the slots of any
+ * split the backward picks itself there (at least maxch N HV / MAP_SMS chunks
+ * a segment, 8 at least: B T / (64 sc) + N + 1 slots, as the CUDA forward
+ * counts them); a split forced by exec.seq_split into more slots recomputes
+ * its maps. 0 elsewhere. */
+#define MAP_SMS 160
+int64_t gdn_saved_maps(const gdn_config *c) {
+    if (!(c->flags & GDN_QK_L2NORM) || c->dtype == GDN_F32 || c->H <= 0) return 0;
+    const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
+    int64_t maxch = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t len = c->cu_seqlens ? c->cu_seqlens[n + 1] - c->cu_seqlens[n] : c->T, ch = (len + 63) / 64;
+        if (ch > maxch) maxch = ch;
+    }
+    if (maxch < 16 || 2 * N * c->HV > MAP_SMS) return 0;
+    int64_t sc = (maxch * N * c->HV + MAP_SMS - 1) / MAP_SMS;
+    if (sc < 8) sc = 8;
+    if (sc >= maxch) return 0;
+    return c->B * c->T / (64 * sc) + N + 1;
+}
+
+/* bytes of the rstd rows, and where the tag block starts after them */
 static size_t rstd_bytes(const gdn_config *c) { return (size_t)(2 * c->B * c->T * c->H) * sizeof(float); }
 static size_t tag_at(const gdn_config *c) { return (rstd_bytes(c) + 255) / 256 * 256; }
+static size_t ckpt_bytes(const gdn_config *c, int nck) {
+    const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
+    return (size_t)nck * N * c->HV * c->K * c->V * sizeof(float);
+}
 
 size_t gdn_saved_bytes(const gdn_config *c) {
     if (!(c->flags & GDN_QK_L2NORM)) return 0;
     const int nck = gdn_saved_ckpts(c);
-    if (!nck) return rstd_bytes(c);
-    const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
-    return tag_at(c) + 256 + (size_t)nck * N * c->HV * c->K * c->V * sizeof(float);
+    const int64_t nmaps = gdn_saved_maps(c);
+    if (!nck && !nmaps) return rstd_bytes(c);
+    return tag_at(c) + 256 + ckpt_bytes(c, nck) + (size_t)nmaps * c->HV * ((size_t)c->K * c->K + (size_t)c->K * c->V) * sizeof(float);
 }
 
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
@@ -40,9 +69,12 @@ gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
     if (!saved || !(c->flags & GDN_QK_L2NORM)) return l;
     l.rstd_q = (float *)saved;
     l.rstd_k = l.rstd_q + c->B * c->T * c->H;
-    if ((l.nck = gdn_saved_ckpts(c))) {
+    l.nck = gdn_saved_ckpts(c);
+    l.nmaps = gdn_saved_maps(c);
+    if (l.nck || l.nmaps) {
         l.ckpt_tag = (int *)((char *)saved + tag_at(c));
-        l.ckpt = (float *)((char *)saved + tag_at(c) + 256);
+        if (l.nck) l.ckpt = (float *)((char *)saved + tag_at(c) + 256);
+        if (l.nmaps) l.maps = (float *)((char *)saved + tag_at(c) + 256 + ckpt_bytes(c, l.nck));
     }
     return l;
 }

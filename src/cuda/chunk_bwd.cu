@@ -337,7 +337,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         sv.scu = reinterpret_cast<int64_t *>(ws + wl.scu);
         sv.sseq = reinterpret_cast<int64_t *>(ws + wl.sseq);
         sv.first = reinterpret_cast<int64_t *>(ws + wl.first);
-        sv.seg_p = sv.seg_s = nullptr;
+        sv.seg_p = sv.seg_s = sv.saved_p = sv.saved_s = nullptr;
+        sv.mtag = nullptr;
+        sv.mtag_val = 0;
         if (part != BACK) seg_table_launch(sv, st);
     }
 #ifdef GDN_BWD_PROFILE   /* milliseconds per phase (events; not capture-safe) */
@@ -410,10 +412,20 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         memset(&f, 0, sizeof f);
         f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
         float *seg_p, *seg_s;
+        /* the forward's maps where saved has them for these segments (gdn_saved_maps: the pass
+         * below skipped on the device, the folds reading saved's), else a pass 1 of its own */
+        const gdn_saved_layout sl = gdn_saved_at(&pl->c, const_cast<void *>(a->saved));
+        const int64_t slots = gdn_cuda_chunk_seg_slots(pl, wl.sc);
+        const bool fmaps = part == WHOLE && sl.maps && slots <= sl.nmaps;
+        const int mtag = gdn_cuda_maps_tag(wl.sc);
         if (part == BACK) gdn_cuda_chunk_seg_maps_at(pl, wl.sc, ws + wl.fws, &seg_p, &seg_s);   /* FRONT's */
-        else if (gdn_cuda_chunk_seg_maps(pl, &f, wl.sc, ws + wl.fws, &seg_p, &seg_s, st) != GDN_OK)
+        else if (gdn_cuda_chunk_seg_maps(pl, &f, wl.sc, ws + wl.fws, &seg_p, &seg_s, fmaps ? sl.ckpt_tag + 1 : nullptr, mtag, st) != GDN_OK)
             return cudaErrorLaunchFailure;
         sv.seg_p = seg_p; sv.seg_s = seg_s;
+        sv.mtag = fmaps ? sl.ckpt_tag + 1 : nullptr;
+        sv.mtag_val = mtag;
+        sv.saved_p = sl.maps;
+        sv.saved_s = fmaps ? sl.maps + slots * HV * (int64_t)K * K : nullptr;
         SPHASE(1);
         float *h0s = reinterpret_cast<float *>(ws + wl.h0s), *dhts = reinterpret_cast<float *>(ws + wl.dhts),
               *dsl = reinterpret_cast<float *>(ws + wl.dsl);

@@ -583,6 +583,10 @@ struct SegView {
     unsigned flags;
     int64_t *scu, *sseq, *first;  /* the view's cu_seqlens [Ns+1], sequence of each segment [Ns], first segment of each sequence [N+1] */
     const float *seg_p, *seg_s;   /* the forward's pass 1: each segment's map (chunk_fwd.cu slots) */
+    /* or, where *mtag == mtag_val (mtag not NULL), the forward's own in saved (gdn_saved_maps): saved_p, saved_s */
+    const int *mtag;
+    int mtag_val;
+    const float *saved_p, *saved_s;
 };
 GDN_CBWD_HIDDEN void seg_table_launch(const SegView &v, cudaStream_t st);
 GDN_CBWD_HIDDEN void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaStream_t st);

@@ -59,6 +59,10 @@ __device__ __forceinline__ int64_t fwd_slot(const SegView &v, int64_t n, int64_t
     return bos / ((int64_t)CC * v.sc) + n + s;
 }
 
+/* the segments' maps P, S_loc: the forward's in saved where their tag says they are these, else seg_p, seg_s */
+__device__ __forceinline__ const float *maps_p(const SegView &v) { return v.mtag && *v.mtag == v.mtag_val ? v.saved_p : v.seg_p; }
+__device__ __forceinline__ const float *maps_s(const SegView &v) { return v.mtag && *v.mtag == v.mtag_val ? v.saved_s : v.seg_s; }
+
 /* h0 rows of the view: block per (sequence, value head, 16 columns), the
  * segments in order: x <- P x + S_loc from the sequence's h0 (or zero) */
 __device__ __forceinline__ void seg_h0_block(const SegView &v, const float *h0, float *h0s, int64_t b) {
@@ -75,7 +79,7 @@ __device__ __forceinline__ void seg_h0_block(const SegView &v, const float *h0, 
         for (int i = threadIdx.x / SW; i < K && ok; i += blockDim.x / SW) h0s[st_at(v, f + s, j, i, vc)] = sx[i * SW + c];
         if (s + 1 == m) break;
         const int64_t slot = fwd_slot(v, n, s);
-        const float *P = v.seg_p + (slot * v.HV + j) * (int64_t)K * K, *S = v.seg_s + (slot * v.HV + j) * (int64_t)K * V;
+        const float *P = maps_p(v) + (slot * v.HV + j) * (int64_t)K * K, *S = maps_s(v) + (slot * v.HV + j) * (int64_t)K * V;
         gdn::fold_step<false>(
             P, K, sx, Ms, [&](int i) { return ok ? S[(int64_t)i * V + vc] : 0.f; }, [&](int i, float acc) { xn[i * SW + c] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
@@ -111,7 +115,7 @@ __device__ __forceinline__ void seg_dht_block(const SegView &v, const float *dsl
     if (m < 2 && !e_on && !d_on) return;
     /* x <- P_s^T x + add (add: dS_loc of segment s, or nothing) */
     auto back = [&](int64_t s, bool add) {
-        const float *P = v.seg_p + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K;
+        const float *P = maps_p(v) + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K;
         gdn::fold_step<true>(
             P, K, sx, Ms, [&](int i) { return ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f; },
             [&](int i, float acc) { xn[i * SW + c] = acc; });

@@ -80,7 +80,7 @@ WsLayout ws_layout(const gdn_plan *pl, int sc) {
     const gdn_config *c = &pl->c;
     WsLayout l;
     l.recs = (size_t)(c->B * c->T / CC + pl->N + 1) * c->HV * REC;
-    const size_t nseg = sc ? (size_t)(c->B * c->T / ((int64_t)CC * sc) + pl->N + 1) : 0;
+    const size_t nseg = (size_t)gdn_cuda_chunk_seg_slots(pl, sc);
     l.seg = nseg * c->HV * (size_t)c->K * c->V * 4;   /* each of seg_s, seg_in; seg_p is K x K */
     l.total = l.recs + 2 * l.seg + nseg * c->HV * (size_t)c->K * c->K * 4;
     return l;
@@ -173,8 +173,8 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.ckpt = nullptr;   /* gdn_cuda_chunk_fwd sets them where the backward's windows will read them */
     p.ckpt_wn = p.nck = 0;
     p.ckpt_stride = 0;
-    p.tag = sl.ckpt_tag;   /* 0 unless the checkpoints are stored */
-    p.tag_val = 0;
+    p.tag = sl.ckpt_tag;   /* 0 unless the checkpoints or the maps are stored */
+    p.tag_val = p.mtag_val = 0;
     p.skip = nullptr;
     p.skip_val = 0;
     const WsLayout wl = ws_layout(pl, sc);
@@ -206,10 +206,10 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return gdn_cuda_recurrent_fwd(pl, a, stream);
     if (pl->N * c->HV == 0) return GDN_OK;
-    const int sc = seg_chunks(pl);
-    ChunkArgs p = args_of(pl, a, sc, ws);
     /* the checkpoints of the backward's windows where saved has room for them and the walk is whole */
     const gdn_saved_layout sl = gdn_saved_at(c, a->saved);
+    const int sc = sl.maps ? seg_chunks_kept(pl) : seg_chunks(pl);   /* its workspace: seg_chunks' at most */
+    ChunkArgs p = args_of(pl, a, sc, ws);
     int64_t wn = 0;
     int tag = 0;
     const int nw = sl.ckpt && !sc ? gdn_cuda_chunk_bwd_windows(pl, &wn, &tag) : 0;
@@ -217,6 +217,14 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
         p.ckpt = sl.ckpt; p.ckpt_wn = (int)wn; p.nck = nw - 1;
         p.ckpt_stride = pl->N * c->HV * (int64_t)c->K * c->V;
         p.tag_val = tag;
+    }
+    /* the segments' maps of pass 1 into saved where it has room for them: the backward's split
+     * takes them where its segments are these (seg_chunks_kept) instead of a pass 1 of its own */
+    const int64_t slots = sc ? gdn_cuda_chunk_seg_slots(pl, sc) : 0;
+    if (sc && sl.maps && slots <= sl.nmaps) {
+        p.seg_p = sl.maps;
+        p.seg_s = sl.maps + slots * c->HV * (int64_t)c->K * c->K;
+        p.mtag_val = gdn_cuda_maps_tag(sc);
     }
     const cudaError_t e = run(pl, p, ws, (cudaStream_t)stream, WHOLE);
     if (e != cudaSuccess) return gdn_fail(GDN_ERR_BACKEND, "chunk forward kernel launch: %s", cudaGetErrorString(e));
@@ -260,11 +268,18 @@ extern "C" void gdn_cuda_chunk_seg_maps_at(const gdn_plan *pl, int sc, void *ws,
     *seg_s = p.seg_s;
 }
 
+extern "C" int64_t gdn_cuda_chunk_seg_slots(const gdn_plan *pl, int sc) {
+    return sc ? pl->c.B * pl->c.T / ((int64_t)CC * sc) + pl->N + 1 : 0;   /* as ws_layout counts them */
+}
+
+extern "C" int gdn_cuda_maps_tag(int sc) { return 0x47530000 | (sc & 0xffff); }
+
 extern "C" gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws, float **seg_p,
-                                              float **seg_s, void *stream) {
+                                              float **seg_s, const int *skip, int skip_val, void *stream) {
     gdn_fwd_args b = *a;
     b.o = nullptr; b.ht = nullptr; b.saved = nullptr; b.h0 = nullptr;   /* pass 1 writes none of them */
-    const ChunkArgs p = args_of(pl, &b, sc, ws);
+    ChunkArgs p = args_of(pl, &b, sc, ws);
+    p.skip = skip; p.skip_val = skip_val;
     *seg_p = p.seg_p;
     *seg_s = p.seg_s;
     if (pl->max_len == 0) return GDN_OK;

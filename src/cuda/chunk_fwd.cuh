@@ -61,14 +61,16 @@ struct ChunkArgs {
      * forward's walk (pass 0) stores the state entering chunks ckpt_wn,
      * 2 ckpt_wn, .. (nck at most) into ckpt ([c][N][HV][K][V] in h0's layout,
      * c = i / ckpt_wn - 1, ckpt_stride floats apart; NULL: none), and block 0
-     * of its last pass puts tag_val in *tag (NULL: no tag). The backward's
-     * checkpoint walk (the states mode): nothing at all where *skip ==
-     * skip_val, the forward's checkpoints being there (skip NULL: it walks) */
+     * of its last pass puts tag_val in tag[0] and mtag_val in tag[1] (the
+     * saved maps' tag: seg_p, seg_s in saved; NULL: no tags). The backward's
+     * checkpoint walk (the states mode) and its segment maps (the prep and
+     * pass 1): nothing at all where *skip == skip_val, the forward's
+     * checkpoints or maps being there (skip NULL: it walks) */
     float *ckpt;
     int ckpt_wn, nck;
     int64_t ckpt_stride;
     int *tag;
-    int tag_val;
+    int tag_val, mtag_val;
     const int *skip;
     int skip_val;
 };
@@ -459,8 +461,10 @@ template <typename E> struct GDN_CFWD_HIDDEN StateTPass {
     static cudaError_t attr();
     static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);
 };
-/* chunk_fwd_split.cu: chunks per segment (0 = no split), and the scan between passes 1 and 3 */
+/* chunk_fwd_split.cu: chunks per segment (0 = no split; _kept: for a forward
+ * that keeps its maps in saved), and the scan between passes 1 and 3 */
 GDN_CFWD_HIDDEN int seg_chunks(const gdn_plan *pl);
+GDN_CFWD_HIDDEN int seg_chunks_kept(const gdn_plan *pl);
 GDN_CFWD_HIDDEN void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st);
 
 }  // namespace cfwd

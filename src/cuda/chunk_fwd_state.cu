@@ -59,8 +59,10 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
-    if (!walk_range(p, sg, nch_all, &i0, &nch) || (STS && walk_skipped(p))) return;
-    if (!STS && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) *p.tag = p.tag_val;
+    if (!STS && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) {   /* before any return: every forward sets both */
+        p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val;
+    }
+    if (!walk_range(p, sg, nch_all, &i0, &nch) || ((STS || p.pass == 1) && walk_skipped(p))) return;
     const bool pmode = p.pass == 1 && vb >= p.nvb_v;   /* this block carries columns of P */
     const bool want_o = !STS && p.pass != 1;            /* pass 1 needs the final state only */
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;

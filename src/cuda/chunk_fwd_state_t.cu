@@ -69,8 +69,10 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
-    if (!walk_range(p, sg, nch_all, &i0, &nch) || (ST && walk_skipped(p))) return;
-    if (!ST && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) *p.tag = p.tag_val;
+    if (!ST && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) {   /* before any return: every forward sets both */
+        p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val;
+    }
+    if (!walk_range(p, sg, nch_all, &i0, &nch) || ((ST || p.pass == 1) && walk_skipped(p))) return;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
      * of P (K x K, from I, with v = 0) */

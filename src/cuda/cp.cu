@@ -188,7 +188,7 @@ gdn_status fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_arg
     if (c->dtype == GDN_F32) return gdn_cuda_recurrent_map(&s, &b, need_P, map, stream);
     const int sc = span_sc(&s);
     float *seg_p, *seg_s;
-    gdn_status r = gdn_cuda_chunk_seg_maps(&s, &b, sc, a->workspace, &seg_p, &seg_s, stream);
+    gdn_status r = gdn_cuda_chunk_seg_maps(&s, &b, sc, a->workspace, &seg_p, &seg_s, nullptr, 0, stream);
     if (r) return r;
     const int nseg = len > 0 ? (int)(((len + CCH - 1) / CCH + sc - 1) / sc) : 0;
     const int nsl = (K + V + CW - 1) / CW;
@@ -292,7 +292,7 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
         gdn_fwd_args f;
         memset(&f, 0, sizeof f);
         f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias;
-        if ((r = gdn_cuda_chunk_seg_maps(&s, &f, l.sc, w + l.seg, &seg_p, &seg_s, stream))) return r;
+        if ((r = gdn_cuda_chunk_seg_maps(&s, &f, l.sc, w + l.seg, &seg_p, &seg_s, nullptr, 0, stream))) return r;
     }
     /* P of the span where it passes through: the forward map's, else composed (f32: the recurrent map) */
     const float *P = through ? fmap : nullptr;

@@ -49,7 +49,13 @@ gdn_status gdn_cuda_cp_bwd_finish(const gdn_plan *p, const gdn_cp_config *cp, co
  * GDN_QK_L2NORM; cu_dev, or NULL: the plan's sequences) */
 size_t gdn_cuda_chunk_seg_maps_ws(const gdn_plan *p, int sc);
 gdn_status gdn_cuda_chunk_seg_maps(const gdn_plan *p, const gdn_fwd_args *a, int sc, void *ws, float **seg_p, float **seg_s,
-                                   void *stream);
+                                   const int *skip, int skip_val, void *stream);
+/* the segment slots of a split of sc chunks a segment (the maps' count in
+ * seg_p, seg_s), and the tag the forward's maps of that split carry in
+ * saved (gdn_saved_at: tag[1]; seg_p at maps, seg_s after slots x HV x K x K);
+ * skip and skip_val above: the backward's run skipped where they are there */
+int64_t gdn_cuda_chunk_seg_slots(const gdn_plan *p, int sc);
+int gdn_cuda_maps_tag(int sc);
 /* the split chunk forward (0: no split) in two parts over its workspace
  * (gdn_cuda_chunk_fwd_ws): back = 0, the prep and pass 1 (every segment's
  * map at *seg_p, *seg_s when not NULL, the chunk forward's segment slots);
