@@ -4,8 +4,10 @@
  * cu_seqlens, slots, h0 and dht rows), so both sweeps walk the segments at
  * once. What a segment needs from the others:
  *   h0 row   the state entering it: the forward's pass 1 gives each
- *            segment's map (P, S_loc; chunk_fwd.cu), folded in order from
- *            the sequence's h0 (seg_h0_block);
+ *            segment's map (P, S_loc; chunk_fwd.cu: the forward's own from
+ *            saved where their tag says they are these segments', else a
+ *            pass 1 here), folded in order from the sequence's h0
+ *            (seg_h0_block);
  *   dht row  the state gradient leaving it: a first reverse sweep over the
  *            segments (each from zero, the last from the sequence's dht)
  *            gives each one's dS at its start, carried back through the
