@@ -155,9 +155,13 @@ def bench_chunk(s, want_fwd, want_bwd):
                      saved=ptr(saved), saved_bytes=sv, workspace=ptr(ws), workspace_bytes=ws_n)
     rows = []
 
-    if want_fwd:
+    if want_fwd:     # inference, as FLA's and FlashQLA's under no_grad: nothing saved for a backward
+        fa_inf = gdn.FwdArgs(q=ptr(t["q"]), k=ptr(t["k"]), v=ptr(t["v"]), g=ptr(t["g"]), beta=ptr(t["beta"]),
+                             A_log=ptr(t["A_log"]), dt_bias=ptr(t["dt_bias"]), h0=ptr(t["h0"]), o=ptr(o), ht=ptr(ht),
+                             saved=None, saved_bytes=0, workspace=ptr(ws), workspace_bytes=ws_n)
+
         def gdn_fwd(i=0):
-            gdn.chunk_fwd(ex, cfg, fa)
+            gdn.chunk_fwd(ex, cfg, fa_inf)
 
         def fla_fwd(i=0):
             with torch.no_grad():
