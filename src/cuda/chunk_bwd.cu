@@ -29,9 +29,9 @@
  *               on the whole call with bf16 and K = 128 the forward states'
  *               own prep writes them instead (one prep for both walks: its
  *               T, the gates, Q K^T once per q/k head; chunk_fwd_prep.cu
- *               brec): the fused pass's bf16 tiles, or, with the split,
- *               fp32 records by that prep alone before the split's first
- *               reverse sweep (the states' walk after the folds)
+ *               brec): the fused pass's bf16 tiles (with the split by
+ *               that prep alone before the split's first reverse sweep,
+ *               the states' walk after the folds)
  *   fwd_sweep   per (n, j, 64 columns of V), chunks in order: the state
  *               entering each chunk into `states`           (chunk_bwd.c backward_span, first loop);
  *               for bf16 / f16 inputs the chunk forward's state kernels
@@ -70,9 +70,10 @@
  *               (sequence, value head) walking its chunks (a window's) in
  *               reverse with dS in registers, every chunk-local gradient
  *               formed on the way by three warpgroups; no dstates.
- *               Where it is their only reader, prep stores Tm and P and
- *               the chunk forward's state kernel the states as bf16 tiles
- *               in its shared-memory layout (BwdArgs::rec16, st16)
+ *               Where it and the transposed sweep are their only readers,
+ *               prep stores Tm and P, and where it is, the chunk forward's
+ *               state kernel the states, as bf16 tiles in its shared-memory
+ *               layout (BwdArgs::rec16, st16)
  *   group stage K > 128 with G > 4: the same per item step by step over a
  *               per-item scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
@@ -385,12 +386,13 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
     const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
     if (fused && (e = Fused::attr()) != cudaSuccess) return e;
-    /* the records' Tm and P as the fused pass's bf16 tiles where it alone
-     * reads them and this call writes them (the split's first reverse sweep
-     * reads fp32 records; BACK reads FRONT's unless windowed); the forward
+    /* the records' Tm and P as the fused pass's bf16 tiles where this call
+     * writes them and only the fused pass and the transposed sweep read them
+     * (the split's first reverse sweep: SweepT takes every shape Fused does;
+     * context parallel's BACK reads FRONT's unless windowed); the forward
      * states as its bf16 tiles wherever it runs (fwd_states' st16: every call
      * writes its own states, and nothing else reads them then) */
-    p.rec16 = fused && !wl.sc && (part == WHOLE || wl.rw);
+    p.rec16 = fused && (part == WHOLE || (!wl.sc && wl.rw));
     /* the records from the forward states' prep (one prep for both walks: its
      * T and gates, and Q K^T; chunk_fwd_prep.cu) on the whole call, bf16 with
      * K = 128: as the fused pass's bf16 tiles, or with the split, where the

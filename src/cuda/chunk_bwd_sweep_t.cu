@@ -65,6 +65,28 @@ __device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int
     return base + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)v * p.K + i : (int64_t)i * p.V + v);
 }
 
+/* f16: a power of two that brings the largest |v| of the warp's n values
+ * (rows of an A operand from registers, the warp's own: so also the rows of
+ * the product it holds) to [2^14, 2^15), 1 for bf16 (fp32's range) or where
+ * they are all zero. f16 keeps 11 bits only from 6.1e-5 to 65504: a state
+ * gradient that decayed to ~1e-6 rounds to subnormals (~5 % off) unscaled */
+template <typename M, int N> __device__ __forceinline__ float warp_pow2(const float *v) {
+    if constexpr (M::bf) return 1.f;
+    else {
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < N; i++) m = fmaxf(m, fabsf(v[i]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
+        return ldexpf(1.f, 14 - ilogbf(m));
+    }
+}
+template <int N> __device__ __forceinline__ void scale_by(float *v, float s) {
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] *= s;
+}
+
 /* M: the 16-bit type's routines (cfwd::mma_traits<__nv_bfloat16>, cfwd::f16_hilo) */
 template <bool KS, typename M>
 __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
@@ -83,6 +105,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
     int64_t cb, nch;   /* chunks [cb, nch), walked from nch - 1 */
     sweep_range(p, (len + CC - 1) / CC, &cb, &nch);
     const bool l2 = (p.flags & GDN_QK_L2NORM) != 0;
+    const bool r16 = M::bf && p.rec16;   /* the records' Tm, P as bf16 tiles (bf16 only) */
     __nv_bfloat16 *Ph = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::ph), *Th = reinterpret_cast<__nv_bfloat16 *>(sm + RSmem::th);
     float *eks = reinterpret_cast<float *>(sm + RSmem::sc), *ys = eks + CC, *qs = ys + CC;
 
@@ -106,11 +129,18 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             gdn::cp16(dst, src, in);
         }
         const float *rec = rec_at(p, n, sb + ci, ci, j);
+        if (r16)   /* Tm, P as the fused pass's bf16 tiles: 16 KB */
 #pragma unroll
-        for (int u = 0; u < 2 * CC * CC / 4 / TT; u++) {
-            const int e = tid + u * TT;
-            gdn::cp16(stg + RStage::rec + 16 * e, rec + R_TM + 4 * e, true);
-        }
+            for (int u = 0; u < 2 * CC * CC / 8 / TT; u++) {
+                const int e = tid + u * TT;
+                gdn::cp16(stg + RStage::rec + 16 * e, reinterpret_cast<const char *>(rec + R_TM) + 16 * e, true);
+            }
+        else
+#pragma unroll
+            for (int u = 0; u < 2 * CC * CC / 4 / TT; u++) {
+                const int e = tid + u * TT;
+                gdn::cp16(stg + RStage::rec + 16 * e, rec + R_TM + 4 * e, true);
+            }
         if (tid < 64) gdn::cp16(stg + RStage::tok + 16 * tid, rec + R_GCD + 4 * tid, true);   /* gcd, gam, beta */
         gdn::cp_commit();
         if (tid < CC) {
@@ -148,16 +178,25 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
                 for (int e = 0; e < 4; e++) sd[(int64_t)(ko + 8 * i + 2 * tq + (e & 1)) * V + d0 + 8 * (e >> 1)] = st[4 * i + e];
         }
         BP(0);
-        /* Tm and P into their blocked bf16 operands; the per-token scales */
+        /* Tm and P into their blocked bf16 operands (from the fp32 rows, or the
+         * bf16 tiles' rows: the same roundings); the per-token scales */
         {
             const float *Tf = reinterpret_cast<const float *>(stg + RStage::rec), *Pf = Tf + CC * CC;
+            const char *Tt = stg + RStage::rec;   /* r16: Tm's tile, P's 8 KB after it (swz) */
 #pragma unroll 4
             for (int e = tid; e < 2 * CC * CC / 2; e += TT) {
                 const int mat = e >> 11, x = e & 2047;   /* 2048 pairs a matrix: (s, s + 1) of column t */
                 const int t = (x & 7) + 8 * ((x >> 5) & 7), sp = ((x >> 3) & 3) + 4 * (x >> 8), s = 2 * sp;
-                const float *F = mat ? Pf : Tf;
-                const float a = F[s * CC + t], b = F[(s + 1) * CC + t];
-                *reinterpret_cast<uint32_t *>((mat ? Ph : Th) + blk64(t, s)) = M::pack(a, b);
+                uint32_t v;
+                if (r16) {
+                    const char *B = Tt + mat * 8192;
+                    v = (uint32_t)*reinterpret_cast<const unsigned short *>(B + cfwd::swz(s, t)) |
+                        (uint32_t)*reinterpret_cast<const unsigned short *>(B + cfwd::swz(s + 1, t)) << 16;
+                } else {
+                    const float *F = mat ? Pf : Tf;
+                    v = M::pack(F[s * CC + t], F[(s + 1) * CC + t]);
+                }
+                *reinterpret_cast<uint32_t *>((mat ? Ph : Th) + blk64(t, s)) = v;
             }
             if (tid < CC) {
                 const double *gcd = reinterpret_cast<const double *>(stg + RStage::tok);
@@ -178,13 +217,17 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         float z[32], u[32];
         {
             uint32_t sa[8][4];
+            const float s1 = warp_pow2<M, 64>(st);   /* f16: dS^T's rows scaled, Z^T's unscaled */
+            if constexpr (!M::bf) scale_by<64>(st, s1);
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) afrag<M>(sa[kk], st, kk);
+            if constexpr (!M::bf) scale_by<64>(st, 1.f / s1);
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) wgt_rs<64, M::bf, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+            if constexpr (!M::bf) scale_by<32>(z, 1.f / s1);
         }
         if constexpr (KS) {   /* Z^T over both halves of K */
             if (ci < nch - 1) ks_wait();   /* the partner has read the last chunk's */
@@ -222,6 +265,8 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
                 u[4 * a + 2] = fmaf(s.x, z[4 * a + 2], u[4 * a + 2]); u[4 * a + 3] = fmaf(s.y, z[4 * a + 3], u[4 * a + 3]);
             }
             uint32_t ua[4][2][4];
+            const float s2 = warp_pow2<M, 32>(u);   /* f16: dU^T's rows scaled, Y^T's unscaled */
+            if constexpr (!M::bf) scale_by<32>(u, s2);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ua[kk][0], ua[kk][1], u, kk);
             cfwd::wg_fence();
@@ -232,6 +277,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+            if constexpr (!M::bf) scale_by<32>(y, 1.f / s2);
         }
         BP(3);
         /* ---- dS^T = exp(gL) dS^T + (Y^T diag(ys)) K + (dO^T diag(qs)) Q ---- */
@@ -246,12 +292,16 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
                 x[4 * a + 2] = r.x * M::lo(vt[a][1]); x[4 * a + 3] = r.y * M::hi(vt[a][1]);
             }
             uint32_t ya[4][2][4], xa[4][2][4];
+            /* f16: Y^T's and the scaled dO^T's rows in one scale, dS^T's with them (the
+             * products accumulate onto it), unscaled after */
+            const float s3 = M::bf ? 1.f : fminf(warp_pow2<M, 32>(y), warp_pow2<M, 32>(x));
+            if constexpr (!M::bf) { scale_by<32>(y, s3); scale_by<32>(x, s3); }
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 afrag_hilo<M>(ya[kk][0], ya[kk][1], y, kk);
                 afrag_hilo<M>(xa[kk][0], xa[kk][1], x, kk);
             }
-            const float gl = reinterpret_cast<const float *>(stg + RStage::tok + 512)[c - 1];
+            const float gl = reinterpret_cast<const float *>(stg + RStage::tok + 512)[c - 1] * s3;
 #pragma unroll
             for (int i = 0; i < 64; i++) st[i] *= gl;
             cfwd::wg_fence();
@@ -265,6 +315,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+            if constexpr (!M::bf) scale_by<64>(st, 1.f / s3);
         }
         BP(4);
     }
