@@ -334,8 +334,28 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int Xh = 114688, Xl = 122880;  /* X, then U */
     static constexpr int dUh = 131072, dUl = 139264;
     static constexpr int sc = 147456;               /* xs = beta exp(gc) rk, us = ek rk, rk */
-    static constexpr int bytes = sc + 3 * CC * 4;
+    static constexpr int red = sc + 3 * CC * 4;     /* f16: the warps' largest |S0|, |dS|, |X|, |dU| (8 each) */
+    static constexpr int bytes = red + 32 * 4;
 };
+/* f16: a power of two bringing m (the largest |value| of an operand) to
+ * [2^14, 2^15), its exponent within +-40 (the accumulators it scales keep
+ * fp32's range); 1 for 0, inf or nan. f16 keeps 11 bits only from 6.1e-5 to
+ * 65504: a state or a state gradient far below that rounds to subnormals */
+__device__ __forceinline__ float pow2_for(float m) {
+    if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
+    int e = 14 - ilogbf(m);
+    e = e < -40 ? -40 : e > 40 ? 40 : e;
+    return ldexpf(1.f, e);
+}
+template <int N> __device__ __forceinline__ void mul_all(float *v, float s) {
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] *= s;
+}
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
 /* WM: the 16-bit type's routines (cfwd::mma_traits<__nv_bfloat16> or cfwd::f16_hilo) */
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
 template <typename WM> __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {
@@ -401,7 +421,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                                          float *kx) {
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
     const int g = lane >> 2, tq = lane & 3, V = p.V;
-    float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC, *rks = us + CC;
+    float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC, *rks = us + CC, *red = reinterpret_cast<float *>(vb + VS::red);
+    constexpr bool SC = !WM::bf;   /* f16: the computed operands in power-of-two scales (pow2_for) */
     /* k rows raw by cp.async (rows past c zero), Tm and P as bf16, the row scales */
     for (int e = tid; e < CC * 16; e += NT) {
         const int r = e >> 4, c16 = e & 15;
@@ -440,6 +461,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             gdn::cp16(vb + (m ? VS::Or : VS::Vr) + swz(r, ch * 8), src, in);
         }
         gdn::cp_commit();
+        float sS0 = 1.f, sdS = 1.f;   /* f16: the panel's S0 and dS scales (powers of two; bf16: 1) */
         {   /* S0 and dS rows of the panel as hi + lo; the sum of S0 dS */
             float4 a[8], b[8];
 #pragma unroll
@@ -448,19 +470,44 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                 a[u] = *reinterpret_cast<const float4 *>(S0g + (int64_t)i * V + v0 + 4 * q);
                 b[u] = *reinterpret_cast<const float4 *>(dSg + (int64_t)i * V + v0 + 4 * q);
             }
+            if constexpr (SC) {   /* the block's largest |S0|, |dS| of the panel first */
+                float ma = 0.f, mb = 0.f;
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
-                tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
-                put_hilo4<WM>(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
-                put_hilo4<WM>(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
-            }
+                for (int u = 0; u < 8; u++) {
+                    tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
+                    ma = fmaxf(ma, fmaxf(fmaxf(fabsf(a[u].x), fabsf(a[u].y)), fmaxf(fabsf(a[u].z), fabsf(a[u].w))));
+                    mb = fmaxf(mb, fmaxf(fmaxf(fabsf(b[u].x), fabsf(b[u].y)), fmaxf(fabsf(b[u].z), fabsf(b[u].w))));
+                }
+                ma = warp_max(ma);
+                mb = warp_max(mb);
+                if (lane == 0) { red[w] = ma; red[8 + w] = mb; }
+                __syncthreads();
+                ma = mb = 0.f;
+#pragma unroll
+                for (int x = 0; x < 8; x++) { ma = fmaxf(ma, red[x]); mb = fmaxf(mb, red[8 + x]); }
+                sS0 = pow2_for(ma);
+                sdS = pow2_for(mb);
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
+                    put_hilo4<WM>(vb + VS::S0h + at, vb + VS::S0l + at, make_float4(a[u].x * sS0, a[u].y * sS0, a[u].z * sS0, a[u].w * sS0));
+                    put_hilo4<WM>(vb + VS::dSh + at, vb + VS::dSl + at, make_float4(b[u].x * sdS, b[u].y * sdS, b[u].z * sdS, b[u].w * sdS));
+                }
+            } else
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
+                    tot = fmaf(a[u].x, b[u].x, fmaf(a[u].y, b[u].y, fmaf(a[u].z, b[u].z, fmaf(a[u].w, b[u].w, tot))));
+                    put_hilo4<WM>(vb + VS::S0h + at, vb + VS::S0l + at, a[u]);
+                    put_hilo4<WM>(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
+                }
         }
         gdn::cp_wait_all();
         cfwd::fence_async_smem();
         __syncthreads();
         float x[32];
         k_times<WM>(x, vb, cg == 0 ? VS::S0h : VS::dSh);   /* X' = K S0, dU' = K dS */
+        if constexpr (SC) mul_all<32>(x, 1.f / (cg == 0 ? sS0 : sdS));
         if constexpr (KS) {   /* summed over both halves of K */
             if (v0 > 0) ks_wait();   /* the partner has read the last panel's */
             ks_put<32>(kx, x);
@@ -478,7 +525,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                     x[4 * a + 2 * hr] = bet[t] * WM::lo(vv) - xs[t] * x[4 * a + 2 * hr];
                     x[4 * a + 2 * hr + 1] = bet[t] * WM::hi(vv) - xs[t] * x[4 * a + 2 * hr + 1];
                 }
-            store_hilo<WM>(x, vb + VS::Xh, vb + VS::Xl);
+            if constexpr (!SC) store_hilo<WM>(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dU = us K dS + P^T dO */
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
@@ -490,7 +537,23 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            store_hilo<WM>(x, vb + VS::dUh, vb + VS::dUl);
+            if constexpr (!SC) store_hilo<WM>(x, vb + VS::dUh, vb + VS::dUl);
+        }
+        float sX = 1.f, sdU = 1.f;   /* f16: X's (then U's) and dU's scales */
+        if constexpr (SC) {   /* each warpgroup's largest |X|, |dU| */
+            float m = 0.f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(x[i]));
+            m = warp_max(m);
+            if (lane == 0) red[16 + w] = m;
+            __syncthreads();
+            float mx = 0.f, mu = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) { mx = fmaxf(mx, red[16 + i]); mu = fmaxf(mu, red[20 + i]); }
+            sX = pow2_for(mx);
+            sdU = pow2_for(mu);
+            mul_all<32>(x, cg == 0 ? sX : sdU);
+            store_hilo<WM>(x, vb + (cg == 0 ? VS::Xh : VS::dUh), vb + (cg == 0 ? VS::Xl : VS::dUl));
         }
         cfwd::fence_async_smem();
         __syncthreads();
@@ -499,6 +562,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             store_hilo<WM>(x, vb + VS::Xh, vb + VS::Xl);
         } else {   /* dBv = Tm^T dU: dv = beta dBv; dbeta += dBv . v */
             tm_times<WM, 1>(x, vb, VS::dUh, VS::dUl);
+            if constexpr (SC) mul_all<32>(x, 1.f / sdU);
 #pragma unroll
             for (int a = 0; a < 8; a++)
 #pragma unroll
@@ -517,7 +581,14 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         }
         cfwd::fence_async_smem();
         __syncthreads();
-        /* the sums over the panel's columns (k = v) */
+        /* the sums over the panel's columns (k = v); f16: the accumulators in the operands' scales meanwhile */
+        if constexpr (SC) {
+            mul_all<32>(&aKd[0][0][0], sX * sdS);
+            mul_all<32>(&aXq[0][0][0], sS0);
+            mul_all<32>(&aWk[0][0][0], sdU * sS0);
+            mul_all<16>(&aP[0][0], sX);
+            mul_all<16>(&aTm[0][0], sdU);
+        }
         cfwd::wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -543,6 +614,13 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         }
         cfwd::wg_commit();
         cfwd::wg_wait<0>();
+        if constexpr (SC) {
+            mul_all<32>(&aKd[0][0][0], 1.f / (sX * sdS));
+            mul_all<32>(&aXq[0][0][0], 1.f / sS0);
+            mul_all<32>(&aWk[0][0][0], 1.f / (sdU * sS0));
+            mul_all<16>(&aP[0][0], 1.f / sX);
+            mul_all<16>(&aTm[0][0], 1.f / sdU);
+        }
     }
     if (cg == 1) {   /* dbeta: the quad's columns, one writer per row */
         db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
