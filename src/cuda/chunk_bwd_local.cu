@@ -307,7 +307,8 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
  * alone in X' and dU'; Tm and P rounded to bf16 (the gradients' error /
  * bound margins with and without each rounding: bench/NOTES.md v4.7). f16
  * inputs the same in f16 (cfwd::f16_hilo: the computed operands as f16
- * hi + lo too).
+ * hi + lo too, in power-of-two scales: S0, dS the block's a panel, X (U)
+ * and dU their warpgroup's; pow2_for).
  * Each panel of 64 columns:
  *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
  *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)

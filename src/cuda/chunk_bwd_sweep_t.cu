@@ -21,9 +21,11 @@
  * A chunk's k, q, dO rows (128-byte swizzle) and its record's Tm, P and
  * gate rows come by cp.async a chunk ahead into the other of two stages;
  * Tm and P are rounded into their blocked bf16 operands once a chunk by the
- * whole block. f16 inputs take the same steps in f16 (their rows exact, the
- * computed operands as f16 hi + lo: cfwd::f16_hilo); the rows are addressed
- * as 16-bit elements of either type. */
+ * whole block (or read from the fused pass's bf16 tiles: BwdArgs::rec16).
+ * f16 inputs take the same steps in f16 (their rows exact, the computed
+ * operands as f16 hi + lo: cfwd::f16_hilo, each in a per-warp power-of-two
+ * scale: warp_pow2); the rows are addressed as 16-bit elements of either
+ * type. */
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
