@@ -504,6 +504,31 @@ static void chunk_bwd_bad_input(void) {
     free(pat); free(back);
 }
 
+/* a backward's random inputs on the device: q, k (nq elements), v, dout (nv)
+ * in dt; gate and beta rows (ng), h0 and dht (ns floats), A_log and dt_bias
+ * (HV <= 64) fp32 */
+typedef struct { void *q, *k, *v, *dout, *g, *b, *A, *dt, *h0, *dht; } bwd_dev;
+static bwd_dev bwd_dev_make(rng *rp, gdn_dtype dt, size_t nq, size_t nv, size_t ng, size_t ns, int HV) {
+    rng r = *rp;
+    const size_t dsz = t_dsize(dt);
+    void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
+    float *g = t_alloc(4 * ng), *b = t_alloc(4 * ng), *h0 = t_alloc(4 * ns), *dht = t_alloc(4 * ns), A_log[64], dt_bias[64];
+    for (size_t i = 0; i < nq; i++) { t_store(dt, q, i, (float)rng_normal(&r)); t_store(dt, k, i, (float)rng_normal(&r)); }
+    for (size_t i = 0; i < nv; i++) { t_store(dt, v, i, (float)rng_normal(&r)); t_store(dt, dout, i, (float)rng_normal(&r)); }
+    for (size_t i = 0; i < ng; i++) { g[i] = (float)rng_normal(&r); b[i] = (float)rng_normal(&r); }
+    for (size_t i = 0; i < ns; i++) { h0[i] = (float)rng_normal(&r); dht[i] = (float)rng_normal(&r); }
+    for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); dt_bias[j] = (float)(0.5 * rng_normal(&r)); }
+    *rp = r;
+    const bwd_dev d = {dev_put(q, nq * dsz), dev_put(k, nq * dsz), dev_put(v, nv * dsz), dev_put(dout, nv * dsz), dev_put(g, 4 * ng),
+                       dev_put(b, 4 * ng), dev_put(A_log, 4 * HV), dev_put(dt_bias, 4 * HV), dev_put(h0, 4 * ns), dev_put(dht, 4 * ns)};
+    free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
+    return d;
+}
+static void bwd_dev_free(bwd_dev *d) {
+    void *dev[] = {d->q, d->k, d->v, d->dout, d->g, d->b, d->A, d->dt, d->h0, d->dht};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
+}
+
 /* the backward's sweep: every option on small shapes, the chunk borders,
  * head dims, varlen with empty and 1-token sequences, a long GVA case */
 /* The local stage's windows (window_chunks, src/cuda/chunk_bwd.cu: the
@@ -523,16 +548,7 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
              (long long)B, (long long)T, H, HV, K, V, t_dtype_name(dt), flags, (unsigned long long)seed);
     const size_t nq = (size_t)(B * T) * H * K, nv = (size_t)(B * T) * HV * V, ng = (size_t)(B * T) * HV,
                  ns = (size_t)B * HV * K * V, dsz = t_dsize(dt);
-    void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
-    float *g = t_alloc(4 * ng), *b = t_alloc(4 * ng), *h0 = t_alloc(4 * ns), *dht = t_alloc(4 * ns), A_log[64], dt_bias[64];
-    for (size_t i = 0; i < nq; i++) { t_store(dt, q, i, (float)rng_normal(&r)); t_store(dt, k, i, (float)rng_normal(&r)); }
-    for (size_t i = 0; i < nv; i++) { t_store(dt, v, i, (float)rng_normal(&r)); t_store(dt, dout, i, (float)rng_normal(&r)); }
-    for (size_t i = 0; i < ng; i++) { g[i] = (float)rng_normal(&r); b[i] = (float)rng_normal(&r); }
-    for (size_t i = 0; i < ns; i++) { h0[i] = (float)rng_normal(&r); dht[i] = (float)rng_normal(&r); }
-    for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); dt_bias[j] = (float)(0.5 * rng_normal(&r)); }
-    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz), *ddo = dev_put(dout, nv * dsz),
-         *dg_ = dev_put(g, 4 * ng), *db_ = dev_put(b, 4 * ng), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
-         *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns);
+    bwd_dev d = bwd_dev_make(&r, dt, nq, nv, ng, ns, HV);
     const size_t sizes[6] = {nq, nq, nv, ng, ng, ns}, esz[6] = {dsz, dsz, dsz, 4, 4, 4};
     const char *names[6] = {"dq", "dk", "dv", "da", "db", "dh0"};
     void *out[3][6] = {{NULL}}, *host[3][6] = {{NULL}}, *dAl = NULL, *ddtb = NULL;   /* dA_log, ddt_bias: sums over every sequence, not compared */
@@ -557,10 +573,10 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
             t_poison_nan(i < 3 ? dt : GDN_F32, host[run][i], sizes[i]);
             out[run][i] = dev_put(host[run][i], sizes[i] * esz[i]);
         }
-        gdn_fwd_args fa = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in, .o = dO,
+        gdn_fwd_args fa = {.q = d.q, .k = d.k, .v = d.v, .g = d.g, .beta = d.b, .A_log = d.A, .dt_bias = d.dt, .h0 = d.h0, .o = dO,
                            .saved = dsv, .saved_bytes = sv, .workspace = dwsf, .workspace_bytes = wf};
-        gdn_bwd_args ba = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in,
-                           .saved = dsv, .saved_bytes = sv, .dout = ddo, .dht = ddht, .dq = out[run][0], .dk = out[run][1],
+        gdn_bwd_args ba = {.q = d.q, .k = d.k, .v = d.v, .g = d.g, .beta = d.b, .A_log = d.A, .dt_bias = d.dt, .h0 = d.h0,
+                           .saved = dsv, .saved_bytes = sv, .dout = d.dout, .dht = d.dht, .dq = out[run][0], .dk = out[run][1],
                            .dv = out[run][2], .dg = out[run][3], .dbeta = out[run][4], .dA_log = dAl, .ddt_bias = ddtb,
                            .dh0 = (float *)out[run][5], .workspace = dwsb, .workspace_bytes = wb};
         gdn_status s = gdn_chunk_fwd(&exf, &c, &fa);
@@ -587,9 +603,8 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
     }
     for (int run = 0; run < 3; run++)
         for (int i = 0; i < 6; i++) { cudaFree(out[run][i]); free(host[run][i]); }
-    void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dAl, ddtb};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
+    cudaFree(dAl); cudaFree(ddtb);
+    bwd_dev_free(&d);
 }
 
 /* The forward's segment maps kept for the backward's split (gdn_saved_maps,
@@ -612,17 +627,8 @@ static void maps_case(gdn_dtype dt, int HV, unsigned flags, uint64_t seed) {
     gdn_saved_layout sl = gdn_saved_at(&c, (void *)(uintptr_t)4096);   /* offsets only */
     if (!check(sl.maps != NULL, ctx, "saved keeps no maps for this shape (%zu bytes)", sv)) return;
     const size_t tag_off = (size_t)((char *)sl.ckpt_tag - (char *)(uintptr_t)4096), maps_off = (size_t)((char *)sl.maps - (char *)(uintptr_t)4096);
-    void *q = t_alloc(nq * dsz), *k = t_alloc(nq * dsz), *v = t_alloc(nv * dsz), *dout = t_alloc(nv * dsz);
-    float *g = t_alloc(4 * ng), *b = t_alloc(4 * ng), *h0 = t_alloc(4 * ns), *dht = t_alloc(4 * ns), A_log[64], dt_bias[64];
-    for (size_t i = 0; i < nq; i++) { t_store(dt, q, i, (float)rng_normal(&r)); t_store(dt, k, i, (float)rng_normal(&r)); }
-    for (size_t i = 0; i < nv; i++) { t_store(dt, v, i, (float)rng_normal(&r)); t_store(dt, dout, i, (float)rng_normal(&r)); }
-    for (size_t i = 0; i < ng; i++) { g[i] = (float)rng_normal(&r); b[i] = (float)rng_normal(&r); }
-    for (size_t i = 0; i < ns; i++) { h0[i] = (float)rng_normal(&r); dht[i] = (float)rng_normal(&r); }
-    for (int j = 0; j < HV; j++) { A_log[j] = (float)log(1 + 15 * rng_uniform(&r)); dt_bias[j] = (float)(0.5 * rng_normal(&r)); }
-    void *dq_ = dev_put(q, nq * dsz), *dk_ = dev_put(k, nq * dsz), *dv_ = dev_put(v, nv * dsz), *ddo = dev_put(dout, nv * dsz),
-         *dg_ = dev_put(g, 4 * ng), *db_ = dev_put(b, 4 * ng), *dA = dev_put(A_log, 4 * HV), *ddt = dev_put(dt_bias, 4 * HV),
-         *dh0in = dev_put(h0, 4 * ns), *ddht = dev_put(dht, 4 * ns), *dO = NULL, *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dAl = NULL,
-         *ddtb = NULL;
+    bwd_dev d = bwd_dev_make(&r, dt, nq, nv, ng, ns, HV);
+    void *dO = NULL, *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dAl = NULL, *ddtb = NULL;
     const size_t sizes[6] = {nq, nq, nv, ng, ng, ns}, esz[6] = {dsz, dsz, dsz, 4, 4, 4};
     const char *names[6] = {"dq", "dk", "dv", "da", "db", "dh0"};
     void *out[3][6] = {{NULL}}, *host[3][6] = {{NULL}};
@@ -641,10 +647,10 @@ static void maps_case(gdn_dtype dt, int HV, unsigned flags, uint64_t seed) {
             t_poison_nan(i < 3 ? dt : GDN_F32, host[run][i], sizes[i]);
             out[run][i] = dev_put(host[run][i], sizes[i] * esz[i]);
         }
-        gdn_fwd_args fa = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in, .o = dO,
+        gdn_fwd_args fa = {.q = d.q, .k = d.k, .v = d.v, .g = d.g, .beta = d.b, .A_log = d.A, .dt_bias = d.dt, .h0 = d.h0, .o = dO,
                            .saved = dsv, .saved_bytes = sv, .workspace = dwsf, .workspace_bytes = run == 1 ? wfw : wf};
-        gdn_bwd_args ba = {.q = dq_, .k = dk_, .v = dv_, .g = dg_, .beta = db_, .A_log = dA, .dt_bias = ddt, .h0 = dh0in,
-                           .saved = dsv, .saved_bytes = sv, .dout = ddo, .dht = ddht, .dq = out[run][0], .dk = out[run][1],
+        gdn_bwd_args ba = {.q = d.q, .k = d.k, .v = d.v, .g = d.g, .beta = d.b, .A_log = d.A, .dt_bias = d.dt, .h0 = d.h0,
+                           .saved = dsv, .saved_bytes = sv, .dout = d.dout, .dht = d.dht, .dq = out[run][0], .dk = out[run][1],
                            .dv = out[run][2], .dg = out[run][3], .dbeta = out[run][4], .dA_log = dAl, .ddt_bias = ddtb,
                            .dh0 = (float *)out[run][5], .workspace = dwsb, .workspace_bytes = wb};
         gdn_status s = gdn_chunk_fwd(run == 1 ? &exw : &ex, &c, &fa);
@@ -670,9 +676,9 @@ static void maps_case(gdn_dtype dt, int HV, unsigned flags, uint64_t seed) {
     }
     for (int run = 0; run < 3; run++)
         for (int i = 0; i < 6; i++) { cudaFree(out[run][i]); free(host[run][i]); }
-    void *dev[] = {dq_, dk_, dv_, ddo, dg_, db_, dA, ddt, dh0in, ddht, dAl, ddtb, dO, dsv, dwsf, dwsb};
+    void *dev[] = {dAl, ddtb, dO, dsv, dwsf, dwsb};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    free(q); free(k); free(v); free(dout); free(g); free(b); free(h0); free(dht);
+    bwd_dev_free(&d);
 }
 
 static const int64_t lens_ks[] = {0, 1, 200, 65, 0, 130};
