@@ -32,7 +32,8 @@ wrong gradients from a miscompile of chunk_bwd_dqkwg); there the bench lifts
 FLA's guard to time the same kernels, says so, and reads gdn's accuracy from
 the float64 column, not from FLA's gradients.
 
-Rows: chunk forward and forward+backward at the DESIGN.md section 7 shapes
+Rows: chunk forward (inference: gdn keeps no saved, FLA and FlashQLA run under
+no_grad) and forward+backward at the DESIGN.md section 7 shapes
 (qwen3next, long1, tp8_4k, varlen, d256), the fused decode step at B = 1, 32, 256
 (B = 1 also as CUDA graph replay), and the layer ops (conv1d forward and
 single-token update, gated RMSNorm forward, L2 norm forward). An op that gdn's
