@@ -485,6 +485,27 @@ struct Grp {
  * over K through distributed shared memory, the G value heads' 2 G blocks
  * one cluster (chunk_bwd_local.cu, KS) */
 __host__ __device__ inline bool local_ks(int K, int G) { return k8(K) > 128 && k8(K) <= 256 && G <= 4; }
+/* f16 operands in power-of-two scales (the transposed sweep, the chunk-local
+ * walk): a power of two bringing m (the largest |value| of an operand) to
+ * [2^14, 2^15), its exponent within +-40 (the accumulators it scales keep
+ * fp32's range); 1 for 0, inf or nan. f16 keeps 11 bits only from 6.1e-5 to
+ * 65504: a state or a state gradient far below that rounds to subnormals */
+__device__ __forceinline__ float pow2_for(float m) {
+    if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
+    int e = 14 - ilogbf(m);
+    e = e < -40 ? -40 : e > 40 ? 40 : e;
+    return ldexpf(1.f, e);
+}
+template <int N> __device__ __forceinline__ void mul_all(float *v, float s) {
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] *= s;
+}
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
 /* The K split's exchange (the local stage and the transposed reverse sweep
  * at K = 256): the cluster barrier in halves (arrive with release, wait with
  * acquire), the partner block's copy of a shared array (cluster ranks in

@@ -338,25 +338,6 @@ struct VS {               /* byte offsets from a 1024-byte aligned base */
     static constexpr int red = sc + 3 * CC * 4;     /* f16: the warps' largest |S0|, |dS|, |X|, |dU| (8 each) */
     static constexpr int bytes = red + 32 * 4;
 };
-/* f16: a power of two bringing m (the largest |value| of an operand) to
- * [2^14, 2^15), its exponent within +-40 (the accumulators it scales keep
- * fp32's range); 1 for 0, inf or nan. f16 keeps 11 bits only from 6.1e-5 to
- * 65504: a state or a state gradient far below that rounds to subnormals */
-__device__ __forceinline__ float pow2_for(float m) {
-    if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
-    int e = 14 - ilogbf(m);
-    e = e < -40 ? -40 : e > 40 ? 40 : e;
-    return ldexpf(1.f, e);
-}
-template <int N> __device__ __forceinline__ void mul_all(float *v, float s) {
-#pragma unroll
-    for (int i = 0; i < N; i++) v[i] *= s;
-}
-__device__ __forceinline__ float warp_max(float m) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    return m;
-}
 /* WM: the 16-bit type's routines (cfwd::mma_traits<__nv_bfloat16> or cfwd::f16_hilo) */
 /* a warpgroup's 64 x 64 accumulator as hi + lo rows (t, 64 columns) at hi, lo */
 template <typename WM> __device__ __forceinline__ void store_hilo(const float *x, char *hi, char *lo) {

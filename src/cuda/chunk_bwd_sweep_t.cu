@@ -67,26 +67,17 @@ __device__ __forceinline__ int64_t st_at(const BwdArgs &p, int64_t n, int j, int
     return base + ((p.flags & GDN_STATE_V_FIRST) ? (int64_t)v * p.K + i : (int64_t)i * p.V + v);
 }
 
-/* f16: a power of two that brings the largest |v| of the warp's n values
- * (rows of an A operand from registers, the warp's own: so also the rows of
- * the product it holds) to [2^14, 2^15), 1 for bf16 (fp32's range) or where
- * they are all zero. f16 keeps 11 bits only from 6.1e-5 to 65504: a state
- * gradient that decayed to ~1e-6 rounds to subnormals (~5 % off) unscaled */
+/* f16: the power of two (pow2_for) for the warp's N values, the rows of an A
+ * operand from registers (the warp's own: so also the rows of the product it
+ * holds); 1 for bf16 (fp32's range) */
 template <typename M, int N> __device__ __forceinline__ float warp_pow2(const float *v) {
     if constexpr (M::bf) return 1.f;
     else {
         float m = 0.f;
 #pragma unroll
         for (int i = 0; i < N; i++) m = fmaxf(m, fabsf(v[i]));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
-        return ldexpf(1.f, 14 - ilogbf(m));
+        return pow2_for(warp_max(m));
     }
-}
-template <int N> __device__ __forceinline__ void scale_by(float *v, float s) {
-#pragma unroll
-    for (int i = 0; i < N; i++) v[i] *= s;
 }
 
 /* M: the 16-bit type's routines (cfwd::mma_traits<__nv_bfloat16>, cfwd::f16_hilo) */
@@ -220,16 +211,16 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         {
             uint32_t sa[8][4];
             const float s1 = warp_pow2<M, 64>(st);   /* f16: dS^T's rows scaled, Z^T's unscaled */
-            if constexpr (!M::bf) scale_by<64>(st, s1);
+            if constexpr (!M::bf) mul_all<64>(st, s1);
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) afrag<M>(sa[kk], st, kk);
-            if constexpr (!M::bf) scale_by<64>(st, 1.f / s1);
+            if constexpr (!M::bf) mul_all<64>(st, 1.f / s1);
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) wgt_rs<64, M::bf, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            if constexpr (!M::bf) scale_by<32>(z, 1.f / s1);
+            if constexpr (!M::bf) mul_all<32>(z, 1.f / s1);
         }
         if constexpr (KS) {   /* Z^T over both halves of K */
             if (ci < nch - 1) ks_wait();   /* the partner has read the last chunk's */
@@ -268,7 +259,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             }
             uint32_t ua[4][2][4];
             const float s2 = warp_pow2<M, 32>(u);   /* f16: dU^T's rows scaled, Y^T's unscaled */
-            if constexpr (!M::bf) scale_by<32>(u, s2);
+            if constexpr (!M::bf) mul_all<32>(u, s2);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ua[kk][0], ua[kk][1], u, kk);
             cfwd::wg_fence();
@@ -279,7 +270,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            if constexpr (!M::bf) scale_by<32>(y, 1.f / s2);
+            if constexpr (!M::bf) mul_all<32>(y, 1.f / s2);
         }
         BP(3);
         /* ---- dS^T = exp(gL) dS^T + (Y^T diag(ys)) K + (dO^T diag(qs)) Q ---- */
@@ -297,7 +288,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             /* f16: Y^T's and the scaled dO^T's rows in one scale, dS^T's with them (the
              * products accumulate onto it), unscaled after */
             const float s3 = M::bf ? 1.f : fminf(warp_pow2<M, 32>(y), warp_pow2<M, 32>(x));
-            if constexpr (!M::bf) { scale_by<32>(y, s3); scale_by<32>(x, s3); }
+            if constexpr (!M::bf) { mul_all<32>(y, s3); mul_all<32>(x, s3); }
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 afrag_hilo<M>(ya[kk][0], ya[kk][1], y, kk);
@@ -317,7 +308,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            if constexpr (!M::bf) scale_by<64>(st, 1.f / s3);
+            if constexpr (!M::bf) mul_all<64>(st, 1.f / s3);
         }
         BP(4);
     }
