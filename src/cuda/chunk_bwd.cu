@@ -77,7 +77,7 @@
  *   group stage K > 128 with G > 4: the same per item step by step over a
  *               per-item scratch in global memory (chunk_bwd_grp.cu)
  *   dparam      dA_log, ddt_bias: per (slot, j) partials in double, summed
- *               over slots in order per j
+ *               over slots per j by a block in a fixed order
  *
  * Long sequences with few heads (bf16 / f16; split_sc below) are cut into
  * segments that the whole backward treats as sequences of their own, so

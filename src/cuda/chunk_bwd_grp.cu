@@ -500,18 +500,35 @@ __global__ void __launch_bounds__(NT) grp_qk_kernel(BwdArgs p, Grp G) {
     }
 }
 
-/* dA_log, ddt_bias: per j, the partials summed over slots in order (double) */
-__global__ void dparam_kernel(BwdArgs p) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= p.HV) return;
+/* dA_log, ddt_bias: per j (a block), the partials summed over slots in
+ * double, in an order fixed by the launch alone (each thread a stride of
+ * slots, then a tree over the threads): the same bits every run. One thread
+ * a head walking every slot was a chain of dependent loads (long1: 1040
+ * slots, ~0.6 ms). */
+constexpr int DP_NT = 256;
+__global__ void __launch_bounds__(DP_NT) dparam_kernel(BwdArgs p) {
+    __shared__ double ra[DP_NT], rb[DP_NT];
+    const int j = blockIdx.x, t = threadIdx.x;
     double sa = 0, sb = 0;
-    for (int64_t s = 0; s < p.nslots; s++) {
+    for (int64_t s = t; s < p.nslots; s += DP_NT) {
         if (p.slot_c[s] == 0) continue;
         sa += p.part[s * p.HV + j];
         sb += p.part[p.nslots * p.HV + s * p.HV + j];
     }
-    p.dA_log[j] = (float)sa;
-    if (p.ddt_bias) p.ddt_bias[j] = (float)sb;
+    ra[t] = sa;
+    rb[t] = sb;
+    __syncthreads();
+    for (int w = DP_NT / 2; w > 0; w >>= 1) {
+        if (t < w) {
+            ra[t] += ra[t + w];
+            rb[t] += rb[t + w];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        p.dA_log[j] = (float)ra[0];
+        if (p.ddt_bias) p.ddt_bias[j] = (float)rb[0];
+    }
 }
 
 /* grp_kernel's dynamic shared memory: mm's tiles, or gate_store's prefix sums and inputs */
@@ -539,7 +556,7 @@ void grp_qk_launch(const BwdArgs &p, const Grp &G, int64_t nsl, cudaStream_t st)
     else grp_qk_kernel<8><<<(unsigned)(nsl * p.H), NT, 0, st>>>(p, G);
 }
 
-void dparam_launch(const BwdArgs &p, cudaStream_t st) { dparam_kernel<<<(p.HV + 127) / 128, 128, 0, st>>>(p); }
+void dparam_launch(const BwdArgs &p, cudaStream_t st) { dparam_kernel<<<p.HV, DP_NT, 0, st>>>(p); }
 
 }  // namespace cbwd
 }  // namespace gdn
