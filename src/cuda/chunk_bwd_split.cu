@@ -22,8 +22,6 @@ namespace gdn {
 namespace cbwd {
 namespace {
 
-constexpr int SW = gdn::FOLD_W;   /* state columns per fold block */
-
 /* sequence n of the caller's view */
 __device__ __forceinline__ void orig_range(const SegView &v, int64_t n, int64_t *bos, int64_t *len) {
     *bos = v.cu ? v.cu[n] : n * v.T;
@@ -65,11 +63,12 @@ __device__ __forceinline__ int64_t fwd_slot(const SegView &v, int64_t n, int64_t
 __device__ __forceinline__ const float *maps_p(const SegView &v) { return v.mtag && *v.mtag == v.mtag_val ? v.saved_p : v.seg_p; }
 __device__ __forceinline__ const float *maps_s(const SegView &v) { return v.mtag && *v.mtag == v.mtag_val ? v.saved_s : v.seg_s; }
 
-/* h0 rows of the view: block per (sequence, value head, 16 columns), the
+/* h0 rows of the view: block per (sequence, value head, SW columns), the
  * segments in order: x <- P x + S_loc from the sequence's h0 (or zero) */
-__device__ __forceinline__ void seg_h0_block(const SegView &v, const float *h0, float *h0s, int64_t b) {
-    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
-    float *Ms = smf, *sx = gdn::fold_x(smf, v.K), *xn = sx + v.K * SW;
+template <int SW> __device__ __forceinline__ void seg_h0_block(const SegView &v, const float *h0, float *h0s, int64_t b) {
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; x, then its next value */
+    gdn::FoldPipe fp = gdn::make_fold_pipe<SW>(smf, v.K);
+    float *sx = gdn::fold_x<SW>(smf, v.K), *xn = sx + v.K * SW;
     const int nsl = (v.V + SW - 1) / SW, cs = (int)(b % nsl), j = (int)((b / nsl) % v.HV);
     const int64_t n = b / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
@@ -82,8 +81,9 @@ __device__ __forceinline__ void seg_h0_block(const SegView &v, const float *h0, 
         if (s + 1 == m) break;
         const int64_t slot = fwd_slot(v, n, s);
         const float *P = maps_p(v) + (slot * v.HV + j) * (int64_t)K * K, *S = maps_s(v) + (slot * v.HV + j) * (int64_t)K * V;
-        gdn::fold_step<false>(
-            P, K, sx, Ms, [&](int i) { return ok ? S[(int64_t)i * V + vc] : 0.f; }, [&](int i, float acc) { xn[i * SW + c] = acc; });
+        const float *Pn = s + 2 < m ? maps_p(v) + (fwd_slot(v, n, s + 1) * v.HV + j) * (int64_t)K * K : nullptr;
+        gdn::fold_step<SW, false>(
+            fp, P, Pn, K, sx, [&](int i) { return ok ? S[(int64_t)i * V + vc] : 0.f; }, [&](int i, float acc) { xn[i * SW + c] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
     }
@@ -99,16 +99,17 @@ __global__ void seg_dht_init_kernel(SegView v, const float *dht, float *dhts) {
     }
 }
 
-/* dht rows after it: block per (sequence, value head, 16 columns), from the
+/* dht rows after it: block per (sequence, value head, SW columns), from the
  * last segment back: D(last) = dht (kept), D(s) = dS at the start of
  * segment s + 1 = P_{s+1}^T D(s+1) + dS_loc(s+1), where dS_loc is the first
  * sweep's (from zero, the last segment's from dht: D(last-1) = dS_loc(last)).
  * E (context parallel's dS_out, or NULL): a gradient after the end of the
  * last sequence beyond its dht, added to D(last) and carried back with it.
  * d0 (or NULL): sequence 0's dS at its start, P_0^T D(0) + dS_loc(0). */
-__device__ __forceinline__ void seg_dht_block(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, int64_t b) {
-    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
-    float *Ms = smf, *sx = gdn::fold_x(smf, v.K), *xn = sx + v.K * SW;
+template <int SW> __device__ __forceinline__ void seg_dht_block(const SegView &v, const float *dsl, float *dhts, const float *E, float *d0, int64_t b) {
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; x, then its next value */
+    gdn::FoldPipe fp = gdn::make_fold_pipe<SW>(smf, v.K);
+    float *sx = gdn::fold_x<SW>(smf, v.K), *xn = sx + v.K * SW;
     const int nsl = (v.V + SW - 1) / SW, cs = (int)(b % nsl), j = (int)((b / nsl) % v.HV);
     const int64_t n = b / (nsl * v.HV);
     const int c = threadIdx.x % SW, vc = cs * SW + c, K = v.K, V = v.V;
@@ -117,9 +118,10 @@ __device__ __forceinline__ void seg_dht_block(const SegView &v, const float *dsl
     if (m < 2 && !e_on && !d_on) return;
     /* x <- P_s^T x + add (add: dS_loc of segment s, or nothing) */
     auto back = [&](int64_t s, bool add) {
-        const float *P = maps_p(v) + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K;
-        gdn::fold_step<true>(
-            P, K, sx, Ms, [&](int i) { return ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f; },
+        const float *P = maps_p(v) + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K,
+                    *Pn = s > 0 ? maps_p(v) + (fwd_slot(v, n, s - 1) * v.HV + j) * (int64_t)K * K : nullptr;
+        gdn::fold_step<SW, true>(
+            fp, P, Pn, K, sx, [&](int i) { return ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f; },
             [&](int i, float acc) { xn[i * SW + c] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
@@ -152,10 +154,11 @@ __device__ __forceinline__ void seg_dht_block(const SegView &v, const float *dsl
 
 /* both folds in one launch (they are independent): blocks [0, nh0) fold
  * the h0 rows, the rest the dht rows (nh0 = 0: the dht rows alone) */
+template <int SW>
 __global__ void __launch_bounds__(256) seg_fold_kernel(SegView v, const float *h0, float *h0s, int64_t nh0, const float *dsl, float *dhts,
                                                        const float *E, float *d0) {
-    if (blockIdx.x < nh0) seg_h0_block(v, h0, h0s, blockIdx.x);
-    else seg_dht_block(v, dsl, dhts, E, d0, blockIdx.x - nh0);
+    if (blockIdx.x < nh0) seg_h0_block<SW>(v, h0, h0s, blockIdx.x);
+    else seg_dht_block<SW>(v, dsl, dhts, E, d0, blockIdx.x - nh0);
 }
 
 /* dh0 of sequence n: the view's dh0 row of its first segment */
@@ -177,9 +180,20 @@ void seg_dht_init_launch(const SegView &v, const float *dht, float *dhts, cudaSt
 
 void seg_fold_launch(const SegView &v, bool with_h0, const float *h0, float *h0s, const float *dsl, float *dhts, const float *E,
                      float *d0, cudaStream_t st) {
-    gdn::fold_attr(seg_fold_kernel, v.K);
-    const int64_t nb = v.N * v.HV * ((v.V + SW - 1) / SW), nh0 = with_h0 ? nb : 0;
-    seg_fold_kernel<<<(unsigned)(nh0 + nb), gdn::FOLD_NT, gdn::fold_smem(v.K), st>>>(v, h0, h0s, nh0, dsl, dhts, E, d0);
+    /* blocks: the h0 fold's (or none), then the dht fold's */
+    const auto nb = [&](int w) { return v.N * v.HV * ((v.V + w - 1) / w); };
+    const gdn::FoldPlan fp = gdn::fold_plan([&](int w) { return (with_h0 ? 2 : 1) * nb(w); });
+    const auto go = [&](auto kern, int w, size_t smem) {
+        const int64_t nh0 = with_h0 ? nb(w) : 0;
+        kern<<<(unsigned)(nh0 + nb(w)), gdn::FOLD_NT, smem, st>>>(v, h0, h0s, nh0, dsl, dhts, E, d0);
+    };
+    if (fp.w == 8) {
+        gdn::fold_attr<8>(seg_fold_kernel<8>, v.K, fp.pipe);
+        go(seg_fold_kernel<8>, 8, gdn::fold_smem<8>(v.K, fp.pipe));
+    } else {
+        gdn::fold_attr<16>(seg_fold_kernel<16>, v.K, fp.pipe);
+        go(seg_fold_kernel<16>, 16, gdn::fold_smem<16>(v.K, fp.pipe));
+    }
 }
 
 void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st) {

@@ -10,12 +10,11 @@ namespace cfwd {
 namespace {
 
 /* ---- the scan over segments: S_in(s + 1) = P_s S_in(s) + S_loc_s, fp32,
- * block per (sequence, value head, 16 columns of V) ---- */
-constexpr int SCW = gdn::FOLD_W;
-
-__global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
-    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; the S_in slice [K][SCW], then the next one */
-    float *Ms = smf, *sv = gdn::fold_x(smf, p.K), *sn = sv + p.K * SCW;
+ * block per (sequence, value head, SCW columns of V; fold.cuh's plan) ---- */
+template <int SCW> __global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; the S_in slice [K][SCW], then the next one */
+    gdn::FoldPipe fp = gdn::make_fold_pipe<SCW>(smf, p.K);
+    float *sv = gdn::fold_x<SCW>(smf, p.K), *sn = sv + p.K * SCW;
     const int nsl = (p.V + SCW - 1) / SCW, cs = blockIdx.x % nsl, j = (blockIdx.x / nsl) % p.HV, n = blockIdx.x / (nsl * p.HV);
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
@@ -31,8 +30,8 @@ __global__ void __launch_bounds__(256) seg_scan_kernel(ChunkArgs p) {
         const int64_t slot = bos / ((int64_t)CC * p.sc) + n + s;
         const float *P = p.seg_p + (slot * p.HV + j) * p.K * p.K, *L = p.seg_s + (slot * p.HV + j) * p.K * p.V;
         float *out = p.seg_in + ((slot + 1) * p.HV + j) * p.K * p.V;
-        gdn::fold_step<false>(
-            P, p.K, sv, Ms, [&](int i) { return vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f; },
+        gdn::fold_step<SCW, false>(
+            fp, P, s + 2 < nseg ? P + (int64_t)p.HV * p.K * p.K : nullptr, p.K, sv, [&](int i) { return vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f; },
             [&](int i, float acc) {
                 sn[i * SCW + c] = acc;
                 if (vc < p.V) out[(int64_t)i * p.V + vc] = acc;
@@ -67,9 +66,16 @@ int seg_chunks_kept(const gdn_plan *pl) {
     return b >= f && 8 * (int64_t)b <= 9 * (int64_t)f ? b : f;
 }
 
+template <int W> void seg_scan_launch_w(const ChunkArgs &p, int64_t blocks, bool pipe, cudaStream_t st) {
+    gdn::fold_attr<W>(seg_scan_kernel<W>, p.K, pipe);
+    seg_scan_kernel<W><<<(unsigned)blocks, gdn::FOLD_NT, gdn::fold_smem<W>(p.K, pipe), st>>>(p);
+}
+
 void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st) {
-    gdn::fold_attr(seg_scan_kernel, p.K);
-    seg_scan_kernel<<<(unsigned)(N * p.HV * ((p.V + SCW - 1) / SCW)), gdn::FOLD_NT, gdn::fold_smem(p.K), st>>>(p);
+    const auto blocks = [&](int w) { return N * p.HV * ((p.V + w - 1) / w); };
+    const gdn::FoldPlan fp = gdn::fold_plan(blocks);
+    if (fp.w == 8) seg_scan_launch_w<8>(p, blocks(8), fp.pipe, st);
+    else seg_scan_launch_w<16>(p, blocks(16), fp.pipe, st);
 }
 
 }  // namespace cfwd

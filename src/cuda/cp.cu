@@ -27,7 +27,7 @@
 
 namespace {
 
-constexpr int CW = gdn::FOLD_W;    /* state columns per block in the folds */
+constexpr int CW = 16;             /* state columns per block in the folds */
 constexpr int NTH = gdn::FOLD_NT;  /* threads of the fold blocks */
 constexpr int CCH = 64;   /* chunk length of the chunk kernels */
 
@@ -44,8 +44,9 @@ __device__ __forceinline__ int64_t at_state(bool vfirst, int K, int V, int i, in
  * no additive term), the rest S's (from the h0 row, or 0 where P is wanted). */
 __global__ void __launch_bounds__(NTH) compose_kernel(const float *seg_p, const float *seg_s, int nseg, int HV, int K, int V,
                                                       const float *h0row, unsigned flags, int need_P, float *map) {
-    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x [K][CW], then the next one */
-    float *Ms = smf, *sx = gdn::fold_x(smf, K), *xn = sx + K * CW;
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; x [K][CW], then the next one */
+    gdn::FoldPipe fp = gdn::make_fold_pipe<CW>(smf, K);
+    float *sx = gdn::fold_x<CW>(smf, K), *xn = sx + K * CW;
     const int nsl = (K + V + CW - 1) / CW, cs = blockIdx.x % nsl, j = blockIdx.x / nsl;
     const int c = threadIdx.x % CW, col = cs * CW + c, vc = col - K;
     const bool pc = col < K, valid = col < K + V, vfirst = (flags & GDN_STATE_V_FIRST) != 0;
@@ -55,8 +56,9 @@ __global__ void __launch_bounds__(NTH) compose_kernel(const float *seg_p, const 
     __syncthreads();
     for (int s = 0; s < nseg; s++) {
         const float *P = seg_p + ((int64_t)s * HV + j) * K * K, *S = seg_s + ((int64_t)s * HV + j) * K * V;
-        gdn::fold_step<false>(
-            P, K, sx, Ms, [&](int i) { return (!pc && valid) ? S[(int64_t)i * V + vc] : 0.f; },
+        const float *Pn = s + 1 < nseg ? P + (int64_t)HV * K * K : nullptr;
+        gdn::fold_step<CW, false>(
+            fp, P, Pn, K, sx, [&](int i) { return (!pc && valid) ? S[(int64_t)i * V + vc] : 0.f; },
             [&](int i, float acc) { xn[i * CW + c] = acc; });
         for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
         __syncthreads();
@@ -74,8 +76,9 @@ __global__ void __launch_bounds__(NTH) compose_kernel(const float *seg_p, const 
  * written in the state layout. */
 __global__ void __launch_bounds__(NTH) scan_kernel(const float *maps, int rank, int world, int backward, int HV, int K, int V,
                                                    unsigned flags, float *out) {
-    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
-    float *Ms = smf, *sx = gdn::fold_x(smf, K), *xn = sx + K * CW;
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; x, then its next value */
+    gdn::FoldPipe fp = gdn::make_fold_pipe<CW>(smf, K);
+    float *sx = gdn::fold_x<CW>(smf, K), *xn = sx + K * CW;
     const int nsl = (V + CW - 1) / CW, cs = blockIdx.x % nsl, j = blockIdx.x / nsl;
     const int c = threadIdx.x % CW, vc = cs * CW + c;
     const bool valid = vc < V;
@@ -87,8 +90,9 @@ __global__ void __launch_bounds__(NTH) scan_kernel(const float *maps, int rank, 
         const float *P = maps + ((int64_t)r * HV + j) * mf, *S = P + (int64_t)K * K;
         const auto add = [&](int i) { return valid ? S[(int64_t)i * V + vc] : 0.f; };
         const auto put = [&](int i, float acc) { xn[i * CW + c] = acc; };
-        if (backward) gdn::fold_step<true>(P, K, sx, Ms, add, put);
-        else gdn::fold_step<false>(P, K, sx, Ms, add, put);
+        const float *Pn = r != last ? P + (int64_t)step * HV * mf : nullptr;
+        if (backward) gdn::fold_step<CW, true>(fp, P, Pn, K, sx, add, put);
+        else gdn::fold_step<CW, false>(fp, P, Pn, K, sx, add, put);
         for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
         __syncthreads();
     }
@@ -192,9 +196,11 @@ gdn_status fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_arg
     if (r) return r;
     const int nseg = len > 0 ? (int)(((len + CCH - 1) / CCH + sc - 1) / sc) : 0;
     const int nsl = (K + V + CW - 1) / CW;
-    gdn::fold_attr(compose_kernel, K);
-    compose_kernel<<<(unsigned)(HV * nsl), NTH, gdn::fold_smem(K), st>>>(seg_p, seg_s, nseg, HV, K, V, b.h0,
-                                                                                  c->flags, need_P, map);
+    const int64_t fb = HV * nsl;
+    const bool fpp = fb <= gdn::sm_count();
+    gdn::fold_attr<CW>(compose_kernel, K, fpp);
+    compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(seg_p, seg_s, nseg, HV, K, V, b.h0, c->flags, need_P,
+                                                                      map);
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_map: %s", cudaGetErrorString(e));
 }
@@ -205,8 +211,9 @@ gdn_status fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_arg
  * the last segment back, x <- P_s^T x + dS_loc_s ---- */
 __global__ void __launch_bounds__(NTH) rcompose_kernel(const float *seg_p, const float *dsl, int nseg, int HV, int K, int V,
                                                        unsigned flags, float *dS) {
-    extern __shared__ __align__(16) float smf[];   /* fold_step's copy of P; x, then its next value */
-    float *Ms = smf, *sx = gdn::fold_x(smf, K), *xn = sx + K * CW;
+    extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; x, then its next value */
+    gdn::FoldPipe fp = gdn::make_fold_pipe<CW>(smf, K);
+    float *sx = gdn::fold_x<CW>(smf, K), *xn = sx + K * CW;
     const int nsl = (V + CW - 1) / CW, cs = blockIdx.x % nsl, j = blockIdx.x / nsl;
     const int c = threadIdx.x % CW, vc = cs * CW + c;
     const bool valid = vc < V, vfirst = (flags & GDN_STATE_V_FIRST) != 0;
@@ -216,8 +223,8 @@ __global__ void __launch_bounds__(NTH) rcompose_kernel(const float *seg_p, const
     __syncthreads();
     for (int s = nseg - 2; s >= 0; s--) {
         const float *P = seg_p + ((int64_t)s * HV + j) * K * K;
-        gdn::fold_step<true>(
-            P, K, sx, Ms, [&](int i) { return valid ? dsl[s * st + (int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] : 0.f; },
+        gdn::fold_step<CW, true>(
+            fp, P, s > 0 ? P - (int64_t)HV * K * K : nullptr, K, sx, [&](int i) { return valid ? dsl[s * st + (int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] : 0.f; },
             [&](int i, float acc) { xn[i * CW + c] = acc; });
         for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
         __syncthreads();
@@ -298,8 +305,10 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     const float *P = through ? fmap : nullptr;
     if (through && !fmap) {
         if (l.segmaps) {
-            gdn::fold_attr(compose_kernel, K);
-            compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, gdn::fold_smem(K), st>>>(
+            const int64_t fb = HV * ((K + V + CW - 1) / CW);
+            const bool fpp = fb <= gdn::sm_count();
+            gdn::fold_attr<CW>(compose_kernel, K, fpp);
+            compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
                 seg_p, seg_s, l.nseg, HV, K, V, nullptr, c->flags, 1, pmap);
         } else {
             gdn_fwd_args f;
@@ -308,8 +317,10 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
             if (c->dtype == GDN_F32) {
                 if ((r = gdn_cuda_recurrent_map(&s, &f, 1, pmap, stream))) return r;
             } else {   /* an empty span: P = I */
-                gdn::fold_attr(compose_kernel, K);
-                compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, gdn::fold_smem(K), st>>>(
+                const int64_t fb = HV * ((K + V + CW - 1) / CW);
+                const bool fpp = fb <= gdn::sm_count();
+                gdn::fold_attr<CW>(compose_kernel, K, fpp);
+                compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
                     nullptr, nullptr, 0, HV, K, V, nullptr, c->flags, 1, pmap);
             }
         }
@@ -344,9 +355,10 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     b.h0 = nullptr;
     if ((r = gdn_cuda_chunk_dstate(&sub, &b, cu, rq, rk, w, stream))) return r;
     if (nseg > 1) {
-        gdn::fold_attr(rcompose_kernel, K);
-        rcompose_kernel<<<(unsigned)(HV * ((V + CW - 1) / CW)), NTH, gdn::fold_smem(K), st>>>(seg_p, dsl, nseg, HV, K, V,
-                                                                                                     c->flags, dS);
+        const int64_t fb = HV * ((V + CW - 1) / CW);
+        const bool fpp = fb <= gdn::sm_count();
+        gdn::fold_attr<CW>(rcompose_kernel, K, fpp);
+        rcompose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(seg_p, dsl, nseg, HV, K, V, c->flags, dS);
     }
     const int64_t n = (int64_t)map_floats(p) * HV;
     bmap_pack_kernel<<<(unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256, 0, st>>>(dS, P, HV, K, V, c->flags, bmap);
@@ -413,8 +425,10 @@ extern "C" gdn_status gdn_cuda_cp_fwd_begin(const gdn_plan *p, const gdn_cp_conf
     const int need_P = p->N == 1 && cp->first_continues;
     const float *h0row = (!need_P && a->h0) ? a->h0 + (size_t)(p->N - 1) * HV * K * V : nullptr;
     const int64_t L = (int64_t)sc * CCH, nseg = len > 0 ? (len + L - 1) / L : 0, slot0 = bos / L + (p->N - 1);
-    gdn::fold_attr(compose_kernel, K);
-    compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, gdn::fold_smem(K), st>>>(
+    const int64_t fb = HV * ((K + V + CW - 1) / CW);
+    const bool fpp = fb <= gdn::sm_count();
+    gdn::fold_attr<CW>(compose_kernel, K, fpp);
+    compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
         seg_p + slot0 * HV * (int64_t)K * K, seg_s + slot0 * HV * (int64_t)K * V, (int)nseg, HV, K, V, h0row, c->flags, need_P,
         map);
     e = cudaGetLastError();
@@ -452,8 +466,10 @@ extern "C" gdn_status gdn_cuda_cp_bwd_begin(const gdn_plan *p, const gdn_cp_conf
         int64_t bos, len;
         gdn_seq(p, 0, &bos, &len);
         const int64_t L = (int64_t)l.sc * CCH, nseg0 = len > 0 ? (len + L - 1) / L : 0;
-        gdn::fold_attr(compose_kernel, K);
-        compose_kernel<<<(unsigned)(HV * ((K + V + CW - 1) / CW)), NTH, gdn::fold_smem(K), st>>>(
+        const int64_t fb = HV * ((K + V + CW - 1) / CW);
+        const bool fpp = fb <= gdn::sm_count();
+        gdn::fold_attr<CW>(compose_kernel, K, fpp);
+        compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
             seg_p, seg_s, (int)nseg0, HV, K, V, nullptr, c->flags, 1, bmap);
         P = bmap;   /* read in place by the pack below (P's part only) */
     }
@@ -498,8 +514,10 @@ extern "C" gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *c
     const int K = p->c.K, V = p->c.V, HV = p->c.HV;
     if (HV == 0) return GDN_OK;
     const int nsl = (V + CW - 1) / CW;
-    gdn::fold_attr(scan_kernel, K);
-    scan_kernel<<<(unsigned)(HV * nsl), NTH, gdn::fold_smem(K), (cudaStream_t)stream>>>(
+    const int64_t fb = HV * nsl;
+    const bool fpp = fb <= gdn::sm_count();
+    gdn::fold_attr<CW>(scan_kernel, K, fpp);
+    scan_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), (cudaStream_t)stream>>>(
         maps, cp->rank, cp->world, backward, HV, K, V, p->c.flags, out);
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? GDN_OK

@@ -1,86 +1,160 @@
 /* One step of a fold over segment (or rank) maps, for a block of 256
- * threads that owns 16 columns of a K x V state: the chunk forward's scan
- * over its segments, the backward split's h0 and dht folds, context
- * parallel's composes and scans all walk their maps with it:
+ * threads that owns W (8 or 16) columns of a K x V state: the chunk
+ * forward's scan over its segments, the backward split's h0 and dht folds,
+ * context parallel's composes and scans all walk their maps with it:
  *
  *     put(i, add(i) + sum_k A[i][k] x[k][c])   for every row i < K,
  *
  * A = M (TRANS false) or M^T (TRANS true), M a K x K fp32 matrix in global
- * memory (row-major), x [K][16] in shared memory, c = threadIdx.x % 16 the
- * thread's column. M first comes into shared memory (Ms, fold_ld(K) floats
- * a row; 128 rows at a time), by 16-byte cp.async where it is aligned: one
- * memory round trip a step instead of one per handful of the K^2 / 16
- * scalar loads each thread made from global memory. A thread then makes four rows of its
- * column (again every 64 rows): with M^T four consecutive rows at one k
- * are one 16-byte read of Ms; with M each row is read 4 k at a time.
- * Barriers: after each round's staging, before the next round's, and one
- * at the end (x may then be overwritten); every thread of the block calls
- * it. */
+ * memory (row-major), x [K][W] in shared memory, c = threadIdx.x % W the
+ * thread's column. M comes into shared memory first (fold_ld(K) floats a
+ * row; 128 rows at a time), by 16-byte cp.async where it is aligned. Where
+ * K <= 128 and the launch gave room for two copies, the step is given the
+ * next step's M and copies it into the other while it computes (FoldPipe):
+ * a step then waits for no memory but its add terms, which each thread
+ * loads before its products. A thread makes four rows of its column (again
+ * every 4 * 256 / W rows): with M^T four consecutive rows at one k are one
+ * 16-byte read of Ms; with M each row is read 4 k at a time. Barriers:
+ * after each round's staging, before the next round's, and one at the end
+ * (x may then be overwritten); every thread of the block calls it. */
 #pragma once
 #include "cuda/common.cuh"
 
 namespace gdn {
 
-constexpr int FOLD_W = 16;    /* state columns per block */
 constexpr int FOLD_NT = 256;  /* threads per block */
 constexpr int FOLD_RB = 128;  /* rows of M in shared memory at a time (K = 256 takes two rounds) */
 
 __host__ __device__ __forceinline__ int fold_ld(int K) { return (K + 3) / 4 * 4 + 4; }
-/* shared memory of a fold kernel: Ms, then x and its next value ([K][16] each) */
-__host__ __forceinline__ size_t fold_smem(int K) {
-    return ((size_t)(K < FOLD_RB ? K : FOLD_RB) * fold_ld(K) + 2 * (size_t)K * FOLD_W) * sizeof(float);
+/* floats of one copy of M in shared memory */
+__host__ __device__ __forceinline__ int fold_ms(int K) { return (K < FOLD_RB ? K : FOLD_RB) * fold_ld(K); }
+/* shared memory of a fold kernel of W columns a block: M's copies (two
+ * where pipe and K <= FOLD_RB: the next step's copied during this one),
+ * then x and its next value ([K][W] each) */
+__host__ __device__ __forceinline__ int fold_nbuf(int K, bool pipe) { return pipe && K <= FOLD_RB ? 2 : 1; }
+template <int W> __host__ __device__ __forceinline__ int fold_floats(int K, bool pipe) {
+    return fold_nbuf(K, pipe) * fold_ms(K) + 2 * K * W;
 }
-/* where x starts in a fold kernel's shared memory (Ms first) */
-__device__ __forceinline__ float *fold_x(float *sm, int K) { return sm + (K < FOLD_RB ? K : FOLD_RB) * fold_ld(K); }
+/* A fold launch's shape: W columns a block (8 or 16), and whether M's next
+ * copy is kept. Fewer columns a block where the grid would leave SMs idle
+ * (the blocks then at most one wave of three an SM), the second copy where
+ * the blocks are at most one an SM, since it takes a block's room. */
+struct FoldPlan { int w; bool pipe; };
+template <typename FB> __host__ FoldPlan fold_plan(const FB &blocks_of_w) {
+    const int64_t sms = sm_count(), b8 = blocks_of_w(8);
+    if (b8 <= 3 * sms) return {8, b8 <= sms};
+    return {16, false};
+}
+template <int W> __host__ __forceinline__ size_t fold_smem(int K, bool pipe) { return (size_t)fold_floats<W>(K, pipe) * sizeof(float); }
+__device__ __forceinline__ unsigned dyn_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+/* whether this launch has M's second copy (read from its shared memory size) */
+template <int W> __device__ __forceinline__ bool fold_piped(int K) {
+    return K <= FOLD_RB && dyn_smem_bytes() >= (unsigned)(fold_floats<W>(K, true) * sizeof(float));
+}
+/* where x starts in a fold kernel's shared memory (M's copies first) */
+template <int W> __device__ __forceinline__ float *fold_x(float *sm, int K) { return sm + (fold_piped<W>(K) ? 2 : 1) * fold_ms(K); }
 /* the kernel's dynamic shared memory limit raised where it needs more than 48 KiB (host, capture-safe) */
-template <typename Kern> cudaError_t fold_attr(Kern k, int K) {
-    return fold_smem(K) > 48 * 1024 ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fold_smem(K))
-                                    : cudaSuccess;
+template <int W, typename Kern> cudaError_t fold_attr(Kern k, int K, bool pipe) {
+    return fold_smem<W>(K, pipe) > 48 * 1024
+               ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fold_smem<W>(K, pipe))
+               : cudaSuccess;
 }
 
-template <bool TRANS, typename FA, typename FP>
-__device__ __forceinline__ void fold_step(const float *M, int K, const float *x, float *Ms, const FA &add, const FP &put) {
-    const int tid = threadIdx.x, ld = fold_ld(K), K4 = (K + 3) / 4 * 4, c = tid % FOLD_W, rg = tid / FOLD_W;
-    constexpr int NG = 256 / 64;   /* the thread's groups of four rows, K <= 256 */
-    float a[NG][4] = {};
-    const bool v16 = (K & 3) == 0 && (reinterpret_cast<uintptr_t>(M) & 15) == 0;
+/* M's copies in shared memory across a walk's steps: which one holds the
+ * current step's M, and whether it is there already (copied during the
+ * step before) */
+struct FoldPipe {
+    float *ms0, *ms1;   /* ms1: NULL where the launch has one copy */
+    bool cur, staged;   /* cur: ms1 holds this step's M */
+    __device__ FoldPipe(float *sm, float *second) : ms0(sm), ms1(second), cur(false), staged(false) {}
+    __device__ float *now() const { return cur ? ms1 : ms0; }
+    __device__ float *next() const { return cur ? ms0 : ms1; }
+};
+template <int W> __device__ __forceinline__ FoldPipe make_fold_pipe(float *sm, int K) {
+    return FoldPipe(sm, fold_piped<W>(K) ? sm + fold_ms(K) : nullptr);
+}
+
+namespace fold_detail {
+__device__ __forceinline__ bool aligned16(const float *M, int K) { return (K & 3) == 0 && (reinterpret_cast<uintptr_t>(M) & 15) == 0; }
+/* rows [rb, rb + nr) of M into Ms; columns K .. K4 zero; by cp.async (one group, not waited for) where v16 */
+__device__ __forceinline__ void stage(const float *M, int K, int rb, int nr, float *Ms, bool v16) {
+    const int tid = threadIdx.x, ld = fold_ld(K), K4 = (K + 3) / 4 * 4;
+    if (v16) {
+        for (int e = tid; e < nr * K / 4; e += FOLD_NT) {
+            const int r = (4 * e) / K, q = (4 * e) % K;
+            cp16(Ms + r * ld + q, M + (int64_t)rb * K + 4 * (int64_t)e, true);
+        }
+        cp_commit();
+    } else {
+        for (int e = tid; e < nr * K; e += FOLD_NT) Ms[(e / K) * ld + e % K] = M[(int64_t)rb * K + e];
+    }
+    for (int e = tid; e < nr * (K4 - K); e += FOLD_NT) Ms[(e / (K4 - K)) * ld + K + e % (K4 - K)] = 0.f;   /* columns to K4 */
+}
+}  // namespace fold_detail
+
+/* Mnext: the next step's M (or NULL), copied into the other buffer during
+ * this step where K <= FOLD_RB and it is aligned */
+template <int W, bool TRANS, typename FA, typename FP>
+__device__ __forceinline__ void fold_step(FoldPipe &fp, const float *M, const float *Mnext, int K, const float *x, const FA &add,
+                                          const FP &put) {
+    constexpr int RS = 4 * FOLD_NT / W;   /* rows the block's threads make in one sweep (four each) */
+    constexpr int NG = 256 / RS;          /* the thread's groups of four rows, K <= 256 */
+    static_assert(FOLD_RB % RS == 0, "a round is whole sweeps");
+    const int tid = threadIdx.x, ld = fold_ld(K), K4 = (K + 3) / 4 * 4, c = tid % W, rg = tid / W;
+    float a[NG][4] = {}, ad[NG][4];
+    /* the add terms first: their loads in flight under the products */
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int i = 4 * rg + RS * g + r;
+            ad[g][r] = i < K ? add(i) : 0.f;
+        }
+    const bool v16 = fold_detail::aligned16(M, K);
     for (int rb = 0; rb < K; rb += FOLD_RB) {
         const int nr = K - rb < FOLD_RB ? K - rb : FOLD_RB;
-        if (rb) __syncthreads();   /* the previous round's Ms no longer read */
-        if (v16) {
-            for (int e = tid; e < nr * K / 4; e += FOLD_NT) {
-                const int r = (4 * e) / K, q = (4 * e) % K;
-                cp16(Ms + r * ld + q, M + (int64_t)rb * K + 4 * (int64_t)e, true);
-            }
-            cp_commit();
+        float *Ms = fp.now();
+        if (fp.staged) {
             cp_wait_all();
         } else {
-            for (int e = tid; e < nr * K; e += FOLD_NT) Ms[(e / K) * ld + e % K] = M[(int64_t)rb * K + e];
+            if (rb) __syncthreads();   /* the previous round's Ms no longer read */
+            fold_detail::stage(M, K, rb, nr, Ms, v16);
+            if (v16) cp_wait_all();
         }
-        for (int e = tid; e < nr * (K4 - K); e += FOLD_NT) Ms[(e / (K4 - K)) * ld + K + e % (K4 - K)] = 0.f;   /* columns to K4 */
         __syncthreads();
+        fp.staged = false;
+        /* the next step's M into the other buffer (read last by the step before, which ended at a barrier) */
+        if (Mnext && fp.ms1 && fold_detail::aligned16(Mnext, K)) {
+            fold_detail::stage(Mnext, K, 0, K, fp.next(), true);
+            fp.staged = true;
+        }
         if (TRANS) {   /* A[i][k] = M[k][i]: this round's k, every row i */
 #pragma unroll
             for (int g = 0; g < NG; g++) {
-                const int i0 = 4 * rg + 64 * g;
+                const int i0 = 4 * rg + RS * g;
                 if (i0 >= K) break;
 #pragma unroll 4
                 for (int k = 0; k < nr; k++) {
                     const float4 m = *reinterpret_cast<const float4 *>(Ms + k * ld + i0);
-                    const float xk = x[(rb + k) * FOLD_W + c];
+                    const float xk = x[(rb + k) * W + c];
                     a[g][0] = fmaf(m.x, xk, a[g][0]); a[g][1] = fmaf(m.y, xk, a[g][1]);
                     a[g][2] = fmaf(m.z, xk, a[g][2]); a[g][3] = fmaf(m.w, xk, a[g][3]);
                 }
             }
-        } else {       /* this round's rows i, every k */
+        } else {       /* this round's rows i (the thread's groups in [rb, rb + nr)), every k */
 #pragma unroll
             for (int g = 0; g < NG; g++) {
-                const int i0 = rb + 4 * rg + 64 * g;
-                if (i0 >= rb + nr) break;
+                const int i0 = 4 * rg + RS * g;
+                if (i0 < rb || i0 >= rb + nr) continue;
                 float b[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
                 for (int k = 0; k < K4; k += 4) {
-                    const float x0 = x[k * FOLD_W + c], x1 = k + 1 < K ? x[(k + 1) * FOLD_W + c] : 0.f,
-                                x2 = k + 2 < K ? x[(k + 2) * FOLD_W + c] : 0.f, x3 = k + 3 < K ? x[(k + 3) * FOLD_W + c] : 0.f;
+                    const float x0 = x[k * W + c], x1 = k + 1 < K ? x[(k + 1) * W + c] : 0.f,
+                                x2 = k + 2 < K ? x[(k + 2) * W + c] : 0.f, x3 = k + 3 < K ? x[(k + 3) * W + c] : 0.f;
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         const int ri = i0 + r < rb + nr ? i0 + r - rb : 0;
@@ -89,20 +163,18 @@ __device__ __forceinline__ void fold_step(const float *M, int K, const float *x,
                     }
                 }
 #pragma unroll
-                for (int r = 0; r < 4; r++)
-                    if (i0 + r < rb + nr) put(i0 + r, add(i0 + r) + b[r]);
+                for (int r = 0; r < 4; r++) a[g][r] = b[r];
             }
         }
     }
-    if (TRANS) {
 #pragma unroll
-        for (int g = 0; g < NG; g++)
+    for (int g = 0; g < NG; g++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int i = 4 * rg + 64 * g + r;
-                if (i < K) put(i, add(i) + a[g][r]);
-            }
-    }
+        for (int r = 0; r < 4; r++) {
+            const int i = 4 * rg + RS * g + r;
+            if (i < K) put(i, ad[g][r] + a[g][r]);
+        }
+    if (fp.staged) fp.cur = !fp.cur;
     __syncthreads();
 }
 
