@@ -12,7 +12,7 @@
  * K <= 128 and the launch gave room for two copies, the step is given the
  * next step's M and copies it into the other while it computes (FoldPipe):
  * a step then waits for no memory but its add terms, which each thread
- * loads before its products. A thread makes four rows of its column (again
+ * loads before its products (at W = 8). A thread makes four rows of its column (again
  * every 4 * 256 / W rows): with M^T four consecutive rows at one k are one
  * 16-byte read of Ms; with M each row is read 4 k at a time. Barriers:
  * after each round's staging, before the next round's, and one at the end
@@ -105,14 +105,16 @@ __device__ __forceinline__ void fold_step(FoldPipe &fp, const float *M, const fl
     constexpr int NG = 256 / RS;          /* the thread's groups of four rows, K <= 256 */
     static_assert(FOLD_RB % RS == 0, "a round is whole sweeps");
     const int tid = threadIdx.x, ld = fold_ld(K), K4 = (K + 3) / 4 * 4, c = tid % W, rg = tid / W;
-    float a[NG][4] = {}, ad[NG][4];
-    /* the add terms first: their loads in flight under the products */
+    /* the add terms first where a thread has few rows (W = 8): their loads
+     * in flight under the products; at W = 16 their 16 registers would spill */
+    constexpr bool EARLY = NG <= 2;
+    float a[NG][4] = {}, ad[NG][4] = {};
 #pragma unroll
     for (int g = 0; g < NG; g++)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int i = 4 * rg + RS * g + r;
-            ad[g][r] = i < K ? add(i) : 0.f;
+            if (EARLY && i < K) ad[g][r] = add(i);
         }
     const bool v16 = fold_detail::aligned16(M, K);
     for (int rb = 0; rb < K; rb += FOLD_RB) {
@@ -172,7 +174,7 @@ __device__ __forceinline__ void fold_step(FoldPipe &fp, const float *M, const fl
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int i = 4 * rg + RS * g + r;
-            if (i < K) put(i, ad[g][r] + a[g][r]);
+            if (i < K) put(i, (EARLY ? ad[g][r] : add(i)) + a[g][r]);
         }
     if (fp.staged) fp.cur = !fp.cur;
     __syncthreads();
