@@ -906,6 +906,9 @@ void test_cuda(void) {
             fwd_case(1, splits[k], 1, 300 + 97 * k, sh[0], sh[1], sh[2], sh[3], NULL, 0, dts[1 + (k & 1)], f, k != 1, rng_u64(&r));
             if (k == 0) fwd_case(1, 4, 1, 0, sh[0], sh[1], sh[2], sh[3], clens, 8, GDN_BF16, f, 1, rng_u64(&r));
         }
+    /* many (sequence, value head) pairs: the scan over segments at 16 columns a block (fold.cuh's
+     * fold_plan: 512 blocks at 8 columns, over three an SM on a card of up to 170 SMs) */
+    fwd_case(1, 2, 8, 300, 2, 4, 128, 128, NULL, 0, GDN_BF16, fsets[1], 1, rng_u64(&r));
     /* few rows take the warp-per-columns kernel, many rows (here 300 x 8 heads x 2
      * column groups) the 4-warp one, K = 256 always the 4-warp one */
     const int dshapes[][5] = {{1, 16, 32, 128, 128}, {5, 2, 4, 24, 40}, {7, 1, 3, 64, 64}, {33, 2, 2, 256, 17},
