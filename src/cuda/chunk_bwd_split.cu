@@ -155,8 +155,8 @@ template <int SW> __device__ __forceinline__ void seg_dht_block(const SegView &v
 /* both folds in one launch (they are independent): blocks [0, nh0) fold
  * the h0 rows, the rest the dht rows (nh0 = 0: the dht rows alone) */
 template <int SW>
-__global__ void __launch_bounds__(256, 2) seg_fold_kernel(SegView v, const float *h0, float *h0s, int64_t nh0, const float *dsl, float *dhts,
-                                                       const float *E, float *d0) {
+__global__ void __launch_bounds__(gdn::FOLD_NT, gdn::FOLD_PER_SM)
+    seg_fold_kernel(SegView v, const float *h0, float *h0s, int64_t nh0, const float *dsl, float *dhts, const float *E, float *d0) {
     if (blockIdx.x < nh0) seg_h0_block<SW>(v, h0, h0s, blockIdx.x);
     else seg_dht_block<SW>(v, dsl, dhts, E, d0, blockIdx.x - nh0);
 }

@@ -11,7 +11,7 @@ namespace {
 
 /* ---- the scan over segments: S_in(s + 1) = P_s S_in(s) + S_loc_s, fp32,
  * block per (sequence, value head, SCW columns of V; fold.cuh's plan) ---- */
-template <int SCW> __global__ void __launch_bounds__(256, 2) seg_scan_kernel(ChunkArgs p) {
+template <int SCW> __global__ void __launch_bounds__(gdn::FOLD_NT, gdn::FOLD_PER_SM) seg_scan_kernel(ChunkArgs p) {
     extern __shared__ __align__(16) float smf[];   /* fold_step's copies of P; the S_in slice [K][SCW], then the next one */
     gdn::FoldPipe fp = gdn::make_fold_pipe<SCW>(smf, p.K);
     float *sv = gdn::fold_x<SCW>(smf, p.K), *sn = sv + p.K * SCW;

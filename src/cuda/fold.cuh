@@ -37,12 +37,14 @@ template <int W> __host__ __device__ __forceinline__ int fold_floats(int K, bool
 }
 /* A fold launch's shape: W columns a block (8 or 16), and whether M's next
  * copy is kept. Fewer columns a block where the grid would leave SMs idle
- * (the blocks then at most one wave of three an SM), the second copy where
- * the blocks are at most one an SM, since it takes a block's room. */
+ * (the blocks then at most one wave of two an SM: the fold kernels' launch
+ * bound, their registers allow no more), the second copy where the blocks
+ * are at most one an SM, since it takes a block's room. */
+constexpr int FOLD_PER_SM = 2;
 struct FoldPlan { int w; bool pipe; };
 template <typename FB> __host__ FoldPlan fold_plan(const FB &blocks_of_w) {
     const int64_t sms = sm_count(), b8 = blocks_of_w(8);
-    if (b8 <= 3 * sms) return {8, b8 <= sms};
+    if (b8 <= FOLD_PER_SM * sms) return {8, b8 <= sms};
     return {16, false};
 }
 template <int W> __host__ __forceinline__ size_t fold_smem(int K, bool pipe) { return (size_t)fold_floats<W>(K, pipe) * sizeof(float); }
