@@ -12,11 +12,13 @@
  * K <= 128 and the launch gave room for two copies, the step is given the
  * next step's M and copies it into the other while it computes (FoldPipe):
  * a step then waits for no memory but its add terms, which each thread
- * loads before its products (at W = 8). A thread makes four rows of its column (again
- * every 4 * 256 / W rows): with M^T four consecutive rows at one k are one
- * 16-byte read of Ms; with M each row is read 4 k at a time. Barriers:
- * after each round's staging, before the next round's, and one at the end
- * (x may then be overwritten); every thread of the block calls it. */
+ * loads before its products (at W = 8). The caller's Mnext must be the M of
+ * its next fold_step call (or NULL): the next step uses the copy as it is.
+ * A thread makes four rows of its column (again every 4 * 256 / W rows):
+ * with M^T four consecutive rows at one k are one 16-byte read of Ms; with
+ * M each row is read 4 k at a time. Barriers: after each round's staging,
+ * before the next round's, and one at the end (x may then be overwritten);
+ * every thread of the block calls it. */
 #pragma once
 #include "cuda/common.cuh"
 
