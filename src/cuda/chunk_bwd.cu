@@ -426,7 +426,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         sv.seg_p = seg_p; sv.seg_s = seg_s;
         sv.mtag = fmaps ? sl.ckpt_tag + 1 : nullptr;
         sv.mtag_val = mtag;
-        sv.saved_p = sl.maps;
+        sv.saved_p = fmaps ? sl.maps : nullptr;
         sv.saved_s = fmaps ? sl.maps + slots * HV * (int64_t)K * K : nullptr;
         SPHASE(1);
         float *h0s = reinterpret_cast<float *>(ws + wl.h0s), *dhts = reinterpret_cast<float *>(ws + wl.dhts),

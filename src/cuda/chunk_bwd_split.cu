@@ -182,18 +182,10 @@ void seg_fold_launch(const SegView &v, bool with_h0, const float *h0, float *h0s
                      float *d0, cudaStream_t st) {
     /* blocks: the h0 fold's (or none), then the dht fold's */
     const auto nb = [&](int w) { return v.N * v.HV * ((v.V + w - 1) / w); };
-    const gdn::FoldPlan fp = gdn::fold_plan([&](int w) { return (with_h0 ? 2 : 1) * nb(w); });
-    const auto go = [&](auto kern, int w, size_t smem) {
-        const int64_t nh0 = with_h0 ? nb(w) : 0;
-        kern<<<(unsigned)(nh0 + nb(w)), gdn::FOLD_NT, smem, st>>>(v, h0, h0s, nh0, dsl, dhts, E, d0);
-    };
-    if (fp.w == 8) {
-        gdn::fold_attr<8>(seg_fold_kernel<8>, v.K, fp.pipe);
-        go(seg_fold_kernel<8>, 8, gdn::fold_smem<8>(v.K, fp.pipe));
-    } else {
-        gdn::fold_attr<16>(seg_fold_kernel<16>, v.K, fp.pipe);
-        go(seg_fold_kernel<16>, 16, gdn::fold_smem<16>(v.K, fp.pipe));
-    }
+    const auto all = [&](int w) { return (with_h0 ? 2 : 1) * nb(w); };
+    if (gdn::fold_width(all) == 8)
+        gdn::fold_launch<8>(seg_fold_kernel<8>, all(8), v.K, st, v, h0, h0s, with_h0 ? nb(8) : (int64_t)0, dsl, dhts, E, d0);
+    else gdn::fold_launch<16>(seg_fold_kernel<16>, all(16), v.K, st, v, h0, h0s, with_h0 ? nb(16) : (int64_t)0, dsl, dhts, E, d0);
 }
 
 void seg_dh0_launch(const SegView &v, const float *dh0s, float *dh0, cudaStream_t st) {

@@ -66,16 +66,10 @@ int seg_chunks_kept(const gdn_plan *pl) {
     return b >= f && 8 * (int64_t)b <= 9 * (int64_t)f ? b : f;
 }
 
-template <int W> void seg_scan_launch_w(const ChunkArgs &p, int64_t blocks, bool pipe, cudaStream_t st) {
-    gdn::fold_attr<W>(seg_scan_kernel<W>, p.K, pipe);
-    seg_scan_kernel<W><<<(unsigned)blocks, gdn::FOLD_NT, gdn::fold_smem<W>(p.K, pipe), st>>>(p);
-}
-
 void seg_scan_launch(const ChunkArgs &p, int64_t N, cudaStream_t st) {
     const auto blocks = [&](int w) { return N * p.HV * ((p.V + w - 1) / w); };
-    const gdn::FoldPlan fp = gdn::fold_plan(blocks);
-    if (fp.w == 8) seg_scan_launch_w<8>(p, blocks(8), fp.pipe, st);
-    else seg_scan_launch_w<16>(p, blocks(16), fp.pipe, st);
+    if (gdn::fold_width(blocks) == 8) gdn::fold_launch<8>(seg_scan_kernel<8>, blocks(8), p.K, st, p);
+    else gdn::fold_launch<16>(seg_scan_kernel<16>, blocks(16), p.K, st, p);
 }
 
 }  // namespace cfwd

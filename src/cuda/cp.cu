@@ -196,11 +196,7 @@ gdn_status fwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_fwd_arg
     if (r) return r;
     const int nseg = len > 0 ? (int)(((len + CCH - 1) / CCH + sc - 1) / sc) : 0;
     const int nsl = (K + V + CW - 1) / CW;
-    const int64_t fb = HV * nsl;
-    const bool fpp = fb <= gdn::sm_count();
-    gdn::fold_attr<CW>(compose_kernel, K, fpp);
-    compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(seg_p, seg_s, nseg, HV, K, V, b.h0, c->flags, need_P,
-                                                                      map);
+    gdn::fold_launch<CW>(compose_kernel, HV * nsl, K, st, seg_p, seg_s, nseg, HV, K, V, b.h0, c->flags, need_P, map);
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_map: %s", cudaGetErrorString(e));
 }
@@ -305,11 +301,8 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     const float *P = through ? fmap : nullptr;
     if (through && !fmap) {
         if (l.segmaps) {
-            const int64_t fb = HV * ((K + V + CW - 1) / CW);
-            const bool fpp = fb <= gdn::sm_count();
-            gdn::fold_attr<CW>(compose_kernel, K, fpp);
-            compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
-                seg_p, seg_s, l.nseg, HV, K, V, nullptr, c->flags, 1, pmap);
+            gdn::fold_launch<CW>(compose_kernel, HV * ((K + V + CW - 1) / CW), K, st, seg_p, seg_s, l.nseg, HV, K, V, nullptr,
+                                 c->flags, 1, pmap);
         } else {
             gdn_fwd_args f;
             memset(&f, 0, sizeof f);
@@ -317,11 +310,8 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
             if (c->dtype == GDN_F32) {
                 if ((r = gdn_cuda_recurrent_map(&s, &f, 1, pmap, stream))) return r;
             } else {   /* an empty span: P = I */
-                const int64_t fb = HV * ((K + V + CW - 1) / CW);
-                const bool fpp = fb <= gdn::sm_count();
-                gdn::fold_attr<CW>(compose_kernel, K, fpp);
-                compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
-                    nullptr, nullptr, 0, HV, K, V, nullptr, c->flags, 1, pmap);
+                gdn::fold_launch<CW>(compose_kernel, HV * ((K + V + CW - 1) / CW), K, st, nullptr, nullptr, 0, HV, K, V, nullptr,
+                                     c->flags, 1, pmap);
             }
         }
         P = pmap;
@@ -355,10 +345,7 @@ gdn_status bwd_map(const gdn_plan *p, const gdn_cp_config *cp, const gdn_bwd_arg
     b.h0 = nullptr;
     if ((r = gdn_cuda_chunk_dstate(&sub, &b, cu, rq, rk, w, stream))) return r;
     if (nseg > 1) {
-        const int64_t fb = HV * ((V + CW - 1) / CW);
-        const bool fpp = fb <= gdn::sm_count();
-        gdn::fold_attr<CW>(rcompose_kernel, K, fpp);
-        rcompose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(seg_p, dsl, nseg, HV, K, V, c->flags, dS);
+        gdn::fold_launch<CW>(rcompose_kernel, HV * ((V + CW - 1) / CW), K, st, seg_p, dsl, nseg, HV, K, V, c->flags, dS);
     }
     const int64_t n = (int64_t)map_floats(p) * HV;
     bmap_pack_kernel<<<(unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256, 0, st>>>(dS, P, HV, K, V, c->flags, bmap);
@@ -425,12 +412,8 @@ extern "C" gdn_status gdn_cuda_cp_fwd_begin(const gdn_plan *p, const gdn_cp_conf
     const int need_P = p->N == 1 && cp->first_continues;
     const float *h0row = (!need_P && a->h0) ? a->h0 + (size_t)(p->N - 1) * HV * K * V : nullptr;
     const int64_t L = (int64_t)sc * CCH, nseg = len > 0 ? (len + L - 1) / L : 0, slot0 = bos / L + (p->N - 1);
-    const int64_t fb = HV * ((K + V + CW - 1) / CW);
-    const bool fpp = fb <= gdn::sm_count();
-    gdn::fold_attr<CW>(compose_kernel, K, fpp);
-    compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
-        seg_p + slot0 * HV * (int64_t)K * K, seg_s + slot0 * HV * (int64_t)K * V, (int)nseg, HV, K, V, h0row, c->flags, need_P,
-        map);
+    gdn::fold_launch<CW>(compose_kernel, HV * ((K + V + CW - 1) / CW), K, st, seg_p + slot0 * HV * (int64_t)K * K,
+                         seg_s + slot0 * HV * (int64_t)K * V, (int)nseg, HV, K, V, h0row, c->flags, need_P, map);
     e = cudaGetLastError();
     return e == cudaSuccess ? GDN_OK : gdn_fail(GDN_ERR_BACKEND, "gdn_cp_fwd_begin: %s", cudaGetErrorString(e));
 }
@@ -466,11 +449,8 @@ extern "C" gdn_status gdn_cuda_cp_bwd_begin(const gdn_plan *p, const gdn_cp_conf
         int64_t bos, len;
         gdn_seq(p, 0, &bos, &len);
         const int64_t L = (int64_t)l.sc * CCH, nseg0 = len > 0 ? (len + L - 1) / L : 0;
-        const int64_t fb = HV * ((K + V + CW - 1) / CW);
-        const bool fpp = fb <= gdn::sm_count();
-        gdn::fold_attr<CW>(compose_kernel, K, fpp);
-        compose_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), st>>>(
-            seg_p, seg_s, (int)nseg0, HV, K, V, nullptr, c->flags, 1, bmap);
+        gdn::fold_launch<CW>(compose_kernel, HV * ((K + V + CW - 1) / CW), K, st, seg_p, seg_s, (int)nseg0, HV, K, V, nullptr,
+                             c->flags, 1, bmap);
         P = bmap;   /* read in place by the pack below (P's part only) */
     }
     bmap_pack_kernel<<<grid_of(n), 256, 0, st>>>(d0, P, HV, K, V, c->flags, bmap);
@@ -514,11 +494,8 @@ extern "C" gdn_status gdn_cuda_cp_scan(const gdn_plan *p, const gdn_cp_config *c
     const int K = p->c.K, V = p->c.V, HV = p->c.HV;
     if (HV == 0) return GDN_OK;
     const int nsl = (V + CW - 1) / CW;
-    const int64_t fb = HV * nsl;
-    const bool fpp = fb <= gdn::sm_count();
-    gdn::fold_attr<CW>(scan_kernel, K, fpp);
-    scan_kernel<<<(unsigned)fb, NTH, gdn::fold_smem<CW>(K, fpp), (cudaStream_t)stream>>>(
-        maps, cp->rank, cp->world, backward, HV, K, V, p->c.flags, out);
+    gdn::fold_launch<CW>(scan_kernel, HV * nsl, K, (cudaStream_t)stream, maps, cp->rank, cp->world, backward, HV, K, V,
+                         p->c.flags, out);
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? GDN_OK
                             : gdn_fail(GDN_ERR_BACKEND, "%s: %s", backward ? "gdn_cp_bwd_scan" : "gdn_cp_fwd_scan",

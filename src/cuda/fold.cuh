@@ -37,17 +37,12 @@ __host__ __device__ __forceinline__ int fold_nbuf(int K, bool pipe) { return pip
 template <int W> __host__ __device__ __forceinline__ int fold_floats(int K, bool pipe) {
     return fold_nbuf(K, pipe) * fold_ms(K) + 2 * K * W;
 }
-/* A fold launch's shape: W columns a block (8 or 16), and whether M's next
- * copy is kept. Fewer columns a block where the grid would leave SMs idle
- * (the blocks then at most one wave of two an SM: the fold kernels' launch
- * bound, their registers allow no more), the second copy where the blocks
- * are at most one an SM, since it takes a block's room. */
+/* A fold launch's columns a block, W = 8 or 16: 8 where the grid at 8
+ * leaves SMs idle at 16, i.e. where it is one wave of two blocks an SM (the
+ * fold kernels' launch bound; their registers allow no more) */
 constexpr int FOLD_PER_SM = 2;
-struct FoldPlan { int w; bool pipe; };
-template <typename FB> __host__ FoldPlan fold_plan(const FB &blocks_of_w) {
-    const int64_t sms = sm_count(), b8 = blocks_of_w(8);
-    if (b8 <= FOLD_PER_SM * sms) return {8, b8 <= sms};
-    return {16, false};
+template <typename FB> __host__ int fold_width(const FB &blocks_of_w) {
+    return blocks_of_w(8) <= FOLD_PER_SM * (int64_t)sm_count() ? 8 : 16;
 }
 template <int W> __host__ __forceinline__ size_t fold_smem(int K, bool pipe) { return (size_t)fold_floats<W>(K, pipe) * sizeof(float); }
 __device__ __forceinline__ unsigned dyn_smem_bytes() {
@@ -61,11 +56,15 @@ template <int W> __device__ __forceinline__ bool fold_piped(int K) {
 }
 /* where x starts in a fold kernel's shared memory (M's copies first) */
 template <int W> __device__ __forceinline__ float *fold_x(float *sm, int K) { return sm + (fold_piped<W>(K) ? 2 : 1) * fold_ms(K); }
-/* the kernel's dynamic shared memory limit raised where it needs more than 48 KiB (host, capture-safe) */
-template <int W, typename Kern> cudaError_t fold_attr(Kern k, int K, bool pipe) {
-    return fold_smem<W>(K, pipe) > 48 * 1024
-               ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fold_smem<W>(K, pipe))
-               : cudaSuccess;
+/* kern (a fold kernel of W columns a block) on blocks blocks of FOLD_NT
+ * threads, with room for M's second copy where the blocks are at most one
+ * an SM (the copy takes a block's room), its dynamic shared memory limit
+ * raised first where it needs more than 48 KiB (host, capture-safe) */
+template <int W, typename Kern, typename... A> __host__ void fold_launch(Kern kern, int64_t blocks, int K, cudaStream_t st, A... args) {
+    const bool pipe = blocks <= sm_count();
+    const size_t smem = fold_smem<W>(K, pipe);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    kern<<<(unsigned)blocks, FOLD_NT, smem, st>>>(args...);
 }
 
 /* M's copies in shared memory across a walk's steps: which one holds the
