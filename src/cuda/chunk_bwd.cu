@@ -626,6 +626,8 @@ BwdArgs bound_args(const gdn_plan *pl, const gdn_bwd_args *a, const WsLayout &wl
     p.rec = reinterpret_cast<float *>(w + wl.rec);
     p.states = reinterpret_cast<float *>(w + wl.states);
     p.dstates = reinterpret_cast<float *>(w + wl.dstates);
+    p.rec_rows = (int64_t)((wl.states - wl.rec) / 256);
+    p.st_rows = (int64_t)((wl.dstates - wl.states) / 256);
     p.part = reinterpret_cast<double *>(w + wl.part);
     p.w0 = p.wn = 0;   /* run() sets the windows */
     p.rw = 0;

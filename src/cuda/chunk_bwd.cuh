@@ -47,6 +47,7 @@ struct BwdArgs {
     int64_t *slot_row0;
     int *slot_c;
     float *rec, *states, *dstates;
+    int64_t rec_rows, st_rows;   /* rec's and states' bytes / 256 (the fused pass's tensor maps of their tiles) */
     double *part;   /* [2][nslots*HV]: dA_log, ddt_bias partials */
     /* the window of the state gradients (run() in chunk_bwd.cu): wn = 0, every
      * chunk, dstates by slot; else chunks [w0, w0 + wn) of each sequence, the

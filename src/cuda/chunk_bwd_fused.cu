@@ -227,12 +227,15 @@ struct Sc {
  * 64 columns in the 128-byte swizzle, the tiles' layout (on: all four made) */
 struct FusedMaps {
     CUtensorMap k, q, v, o;
-    int on;
+    CUtensorMap s0, tr;   /* states and records as 256-byte rows: S0's bf16 tile (128 rows), Tm and P's (64) */
+    int on, bt;           /* bt: s0, tr valid (the tile mode's instance takes its tiles by them) */
 };
 /* the chunk's inputs through the TMA where it takes them (one thread issues
  * every copy), S0's tile completing on FS::MB, the rest on FS::MB_R: the rows of k, q (head h), v,
  * dO (value head j) as two 64-column boxes each (fm.on), S0 as the bf16 tile
- * into A (st16) and Tm, P as the record's bf16 tiles (rec16) by bulk copies;
+ * into A (st16) and Tm, P as the record's bf16 tiles (rec16), in the tile
+ * mode's instance (TL) as rows of 256 bytes by the tensor path, else by bulk
+ * copies;
  * the rest by cp.async, one commit group (rows past c zero): the rows (not
  * fm.on), S0 in fp32 (k-first) into C and D (f32_at: 128 rows of 512
  * bytes, 16-byte pieces swizzled by the row), Tm and P from the record's
@@ -241,6 +244,12 @@ struct FusedMaps {
  * it while the rest lands), the rows and Tm, P on FS::MB_R */
 template <bool TL> __device__ __forceinline__ uint32_t fetch_tx0(const BwdArgs &p) { return (TL || p.st16) ? 32768 : 0; }
 template <bool TL> __device__ __forceinline__ uint32_t fetch_tx1(const BwdArgs &p, const FusedMaps &fm) { return (fm.on ? 4 * 16384 : 0) + ((TL || p.rec16) ? 16384 : 0); }
+static_assert(REC % 64 == 0 && R_TM % 64 == 0, "records and their tiles on 256-byte rows");
+/* Tm and P's bf16 tiles of the record into TH, PH (rec16) */
+template <bool TL> __device__ __forceinline__ void tiles_copy(const BwdArgs &p, const FusedMaps &fm, char *sm, const float *rec, void *mb) {
+    if constexpr (TL) cfwd::tma_byte_rows(sm + FS::TH, &fm.tr, (int)((rec + R_TM - p.rec) / 64), mb);
+    else cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+}
 template <bool TL>
 __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
                                       const float *rec) {
@@ -250,21 +259,22 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
         if (TL || p.st16) {   /* S0 first: S's first step needs it alone */
             cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
-            cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
+            if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), mb0);
+            else cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
         }
         if (fetch_tx1<TL>(p, fm)) cfwd::mb_expect(mb, fetch_tx1<TL>(p, fm));
         if (fm.on) {   /* in the order P1 reads them: k, Tm and P, v, dO; q last */
             const int r = (int)row0;
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::KR + hb * 8192, &fm.k, 64 * hb, h, r, mb);
-            if (TL || p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+            if (TL || p.rec16) tiles_copy<TL>(p, fm, sm, rec, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::VR + hb * 8192, &fm.v, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::OR + hb * 8192, &fm.o, 64 * hb, j, r, mb);
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) cfwd::tma_rows(sm + FS::QR + hb * 8192, &fm.q, 64 * hb, h, r, mb);
-        } else if (TL || p.rec16) cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
+        } else if (TL || p.rec16) tiles_copy<TL>(p, fm, sm, rec, mb);
     }
 #pragma unroll 1
     for (int e = fm.on ? 4 * CC * 16 : t2; e < 4 * CC * 16; e += 256) {
@@ -1142,7 +1152,10 @@ void Fused::launch(const BwdArgs &p, cudaStream_t st) {
     FusedMaps fm{};   /* host only, no stream work: capture-safe */
     fm.on = cfwd::tile_map(&fm.k, p.k, true, p.ntok, p.H, 128, 64, true) && cfwd::tile_map(&fm.q, p.q, true, p.ntok, p.H, 128, 64, true) &&
             cfwd::tile_map(&fm.v, p.v, true, p.ntok, p.HV, 128, 64, true) && cfwd::tile_map(&fm.o, p.dout, true, p.ntok, p.HV, 128, 64, true);
-    if (p.st16 && p.rec16) cudaLaunchKernelEx(&cfg, fused_kernel<true>, p, fm);
+    /* S0's and the records' tiles by the TMA's tensor path too (the same bytes as a bulk copy) */
+    fm.bt = p.states && p.rec && cfwd::byte_rows_map(&fm.s0, p.states, p.st_rows, 128) &&
+            cfwd::byte_rows_map(&fm.tr, p.rec, p.rec_rows, 64);
+    if (p.st16 && p.rec16 && fm.bt) cudaLaunchKernelEx(&cfg, fused_kernel<true>, p, fm);
     else cudaLaunchKernelEx(&cfg, fused_kernel<false>, p, fm);
 }
 

@@ -51,7 +51,7 @@ namespace cfwd {
  * token-major [rows][heads][cols] tensor of 16-bit elements (tma_rows); false
  * where the TMA cannot take it (unaligned base or row, no driver entry
  * point): cp.async then. Host only, no stream work: capture-safe. */
-bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box, bool sw128) {
+static PFN_cuTensorMapEncodeTiled_v12000 encoder() {
     static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
     static bool tried = false;
     if (!tried) {
@@ -62,6 +62,11 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
             enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
         tried = true;
     }
+    return enc;
+}
+
+bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box, bool sw128) {
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = encoder();
     /* rows < 2^31: tma_rows takes the row coordinate as a signed 32-bit int */
     if (!enc || rows <= 0 || rows > INT32_MAX || (reinterpret_cast<uintptr_t>(base) & 15) || (cols & 7)) return false;
     const cuuint64_t dim[3] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows};
@@ -71,6 +76,15 @@ bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads
                stride, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool byte_rows_map(CUtensorMap *m, const void *base, int64_t rows, int box) {
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = encoder();
+    if (!enc || rows < box || rows > INT32_MAX || box < 1 || box > 256 || (reinterpret_cast<uintptr_t>(base) & 255)) return false;
+    const cuuint64_t dim[2] = {128, (cuuint64_t)rows}, stride[1] = {256};
+    const cuuint32_t bx[2] = {128, (cuuint32_t)box}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(base), dim, stride, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 namespace {

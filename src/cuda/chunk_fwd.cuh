@@ -339,6 +339,17 @@ __device__ __forceinline__ void tma_rows(void *dst, const CUtensorMap *map, int 
                  : "memory");
 }
 
+/* rows [row, row + box) of a [rows][256 bytes] view of a buffer (byte_rows),
+ * copied as they lie: the same bytes as a bulk copy of box * 256 bytes, but
+ * from the TMA's tensor path, whose writes the sanitizer's racecheck does
+ * not attribute to the issuing thread (it does those of cp.async.bulk, and
+ * cannot order them by the mbarrier) */
+__device__ __forceinline__ void tma_byte_rows(void *dst, const CUtensorMap *map, int row, void *mb) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(saddr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(saddr(mb))
+                 : "memory");
+}
+
 /* The per-(chunk slot, value head) record the prep kernel leaves for the
  * state kernels: T (bf16 / f16) blocked as the tensor cores read it (8 x 8
  * core matrices of 128 contiguous bytes, core (t / 8, s / 8) at
@@ -429,6 +440,10 @@ struct TmaMaps { CUtensorMap q, k, v; };
  * false where the TMA cannot take it */
 __attribute__((visibility("hidden"))) bool tile_map(CUtensorMap *m, const void *base, bool bf, int64_t rows, int heads, int cols, int box,
                                                     bool sw128 = false);
+/* a tensor map of a buffer as rows of 256 bytes (rows of them, from base,
+ * 256-byte aligned), boxes of box rows (tma_byte_rows); false where the TMA
+ * cannot take it */
+__attribute__((visibility("hidden"))) bool byte_rows_map(CUtensorMap *m, const void *base, int64_t rows, int box);
 
 /* ---- the passes' host launchers. Each pass file defines its own and
  * instantiates them for the tiles launch_k (chunk_fwd.cu) dispatches to:
