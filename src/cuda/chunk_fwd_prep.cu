@@ -60,10 +60,33 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 template <int KT, bool BR = false> struct PrepSmem {
     static constexpr int LK = KT + 8, KB = CC * LK * 2, AB = CC * AF * 4;
+    /* YS: the inverse's 16 x 8 products pass through shared memory (a
+     * 128-float slice a warp at y), not shuffles: in the instances of four
+     * blocks an SM, which registers bound, not shared memory (shuffles cost
+     * them spills); the others fit six blocks an SM without it */
+    static constexpr bool YS = KT > 128 || BR;
     static constexpr int k = 0, at0 = 0, at1 = KB > AB ? KB : AB, y = at1 + AB;   /* head 0's array over K */
-    static constexpr int f = y + 4 * 128 * 4, gd = f + 6 * CC * 4;   /* gc[2], bt[2], rk, rq; then BR's gcd[2], g[2] */
+    static constexpr int f = y + (YS ? 4 * 128 * 4 : 0), gd = f + 6 * CC * 4;   /* gc[2], bt[2], rk, rq; then BR's gcd[2], g[2] */
     static constexpr int bytes = gd + (BR ? 2 * CC * 12 : 0);
 };
+
+static_assert(6 * (PrepSmem<128>::bytes + 1024) <= 228 * 1024, "six prep blocks an SM at K = 128 (the launch bound)");
+
+/* a 16 x 8 product Y of mma m16n8k8 (lane (g, tq) holds Y[g][2 tq + e] in
+ * y[e], Y[g + 8][2 tq + e] in y[2 + e]) as the B operand of the next
+ * m16n8k8 products over its 16 rows: yb[h][0] = Y[8 h + tq][g], yb[h][1] =
+ * Y[8 h + tq + 4][g]. By shuffles: the lane holding Y[r][c] is 4 (r % 8) + c / 2 */
+__device__ __forceinline__ void acc_as_b(const float (&y)[4], float (&yb)[2][2], int lane) {
+    const int g = lane >> 2, tq = lane & 3, s0 = tq * 4 + (g >> 1), s1 = s0 + 16;
+    const bool odd = (g & 1) != 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float a0 = __shfl_sync(0xffffffffu, y[2 * h], s0), a1 = __shfl_sync(0xffffffffu, y[2 * h + 1], s0);
+        const float b0 = __shfl_sync(0xffffffffu, y[2 * h], s1), b1 = __shfl_sync(0xffffffffu, y[2 * h + 1], s1);
+        yb[h][0] = odd ? a1 : a0;
+        yb[h][1] = odd ? b1 : b0;
+    }
+}
 
 /* the lower 16 x 16 blocks (I, J) of K K^T dealt to the four warps: 3, 3, 2, 2 */
 __device__ __forceinline__ int kkt_n(int w) { return w < 2 ? 3 : 2; }
@@ -107,7 +130,7 @@ __device__ __forceinline__ void warp_scale(float (&acc)[3][2][4], const float *r
 }
 
 template <int KT, typename E, bool BR>
-__global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
+__global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 6) chunk_prep_kernel(ChunkArgs p, char *ws, int maxch) {
     using S = PrepSmem<KT, BR>;
     using M = mma_traits<E>;
     extern __shared__ __align__(16) char sm[];
@@ -201,7 +224,7 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
     __syncthreads();   /* rk in; K dead (head 0's array lies over it) */
     warp_scale(acc, rk, rk, w, lane);
     if constexpr (BR) warp_scale(qk, rq, rk, w, lane);   /* (rq_t rk_s) (q_t . k_s), as the backward's prep groups it */
-    float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;
+    float *Yw = reinterpret_cast<float *>(sm + S::y) + w * 128;   /* YS */
     for (int jb = 0; jb < p.G; jb += 2) {
         const int nh = p.G - jb < 2 ? p.G - jb : 2;
         if (jb > 0) {
@@ -271,17 +294,23 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 5) chunk_prep_kernel(
                     ldsm2(bf, A + (n0 + (lane & 7)) * AF + kk + ((lane >> 3) & 1) * 4);
                     mma_tf32(y, af, bf[0], bf[1]);
                 }
-                __syncwarp();
-                Yw[g * 8 + 2 * tq] = y[0]; Yw[g * 8 + 2 * tq + 1] = y[1];
-                Yw[(g + 8) * 8 + 2 * tq] = y[2]; Yw[(g + 8) * 8 + 2 * tq + 1] = y[3];
-                __syncwarp();
+                float yb[2][2];
+                if constexpr (S::YS) {
+                    __syncwarp();
+                    Yw[g * 8 + 2 * tq] = y[0]; Yw[g * 8 + 2 * tq + 1] = y[1];
+                    Yw[(g + 8) * 8 + 2 * tq] = y[2]; Yw[(g + 8) * 8 + 2 * tq + 1] = y[3];
+                    __syncwarp();
+                } else {
+                    acc_as_b(y, yb, lane);
+                }
                 float z[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int kk = 0; kk < 16; kk += 8) {
                     const float *tp = A + (bi * 16 + kk + tq) * AF + bi * 16 + g;   /* T_ii[g (+8)][kk + tq (+4)] */
                     const uint32_t af[4] = {__float_as_uint(tp[0]), __float_as_uint(tp[8]), __float_as_uint(tp[4 * AF]),
                                             __float_as_uint(tp[4 * AF + 8])};
-                    mma_tf32(z, af, tf32(Yw[(kk + tq) * 8 + g]), tf32(Yw[(kk + tq + 4) * 8 + g]));
+                    if constexpr (S::YS) mma_tf32(z, af, tf32(Yw[(kk + tq) * 8 + g]), tf32(Yw[(kk + tq + 4) * 8 + g]));
+                    else mma_tf32(z, af, tf32(yb[kk / 8][0]), tf32(yb[kk / 8][1]));
                 }
                 const int r0 = bi * 16 + g, c0 = n0 + 2 * tq;
                 A[c0 * AF + r0] = tf32f(-z[0]); A[(c0 + 1) * AF + r0] = tf32f(-z[1]);
