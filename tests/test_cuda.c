@@ -907,7 +907,7 @@ void test_cuda(void) {
             if (k == 0) fwd_case(1, 4, 1, 0, sh[0], sh[1], sh[2], sh[3], clens, 8, GDN_BF16, f, 1, rng_u64(&r));
         }
     /* many (sequence, value head) pairs: the scan over segments at 16 columns a block (fold.cuh's
-     * fold_plan: 512 blocks at 8 columns, over two an SM on a card of up to 255 SMs) */
+     * fold_width: 512 blocks at 8 columns, over two an SM on a card of up to 255 SMs) */
     fwd_case(1, 2, 8, 300, 2, 4, 128, 128, NULL, 0, GDN_BF16, fsets[1], 1, rng_u64(&r));
     /* few rows take the warp-per-columns kernel, many rows (here 300 x 8 heads x 2
      * column groups) the 4-warp one, K = 256 always the 4-warp one */
