@@ -74,7 +74,9 @@ struct FS {               /* byte offsets */
     static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8;
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
-    static constexpr int bytes = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4 + 1024;   /* + the base's alignment */
+    /* ET: exp(g_t - g_u) of the pair loops in V's accumulator order (S forms it in P2) */
+    static constexpr int ET = SC + 512 + NF * 256 + GT_FLOATS * 4 + 32 * 4;
+    static constexpr int bytes = ET + 10240 + 1024;   /* + the base's alignment */
 };
 static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an SM");
 static_assert(FS::PH == FS::TH + 8192, "Tm and P adjacent: one copy of the record's tiles (rec16)");
@@ -209,6 +211,9 @@ __device__ __forceinline__ void add_f32(const float *x, char *dst, const Frag &f
     }
 }
 
+/* the thread's float4s of the exp table: warp wl's rows need its 2 wl + 2 column blocks
+ * a (u < t), 512 bytes each; a block a past them reads the next warp's (masked) */
+__device__ __forceinline__ int et_at() { const int tx = tidx(), wl = (tx >> 5) & 3; return FS::ET + 512 * wl * (wl + 1) + (tx & 31) * 16; }
 /* the per-chunk scalars (threads t < CC of the T warpgroup write them) */
 struct Sc {
     double *gcd;
@@ -607,6 +612,18 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
         PHASE_BAR(0, 1);   /* S */
         if ((TL || p.st16) && fetch_tx1<TL>(p, fm)) cfwd::mb_wait(sm + FS::MB_R, (uint32_t)((w.top - 1 - ci) & 1));   /* done: V, T waited */
         PHASE_BAR(0, 2);   /* P1 */
+        {   /* the exp table for V's P3 and P4 pairs: (wl, a) blocks dealt to S's warps */
+            const int ln = tidx() & 31, sw = (tidx() >> 5) & 3;
+            const double *g = Sc(sm).gcd;
+#pragma unroll 1
+            for (int pr = sw; pr < 20; pr += 4) {
+                const int wl = pr < 2 ? 0 : pr < 6 ? 1 : pr < 12 ? 2 : 3, a = pr - wl * (wl + 1);
+                const int t0 = 16 * wl + (ln >> 2), u0 = 8 * a + 2 * (ln & 3);
+                const double g0 = g[t0], g1 = g[t0 + 8], h0 = g[u0], h1 = g[u0 + 1];
+                *reinterpret_cast<float4 *>(sm + FS::ET + 512 * wl * (wl + 1) + (a * 32 + ln) * 16) =
+                    make_float4(__expf((float)(g0 - h0)), __expf((float)(g0 - h1)), __expf((float)(g1 - h0)), __expf((float)(g1 - h1)));
+            }
+        }
         PHASE_BAR(0, 3);   /* P2 */
         /* dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv): q, k raw (exact) as
          * the A operands, the scaled dO and dBv (D) as hi + lo B operands built
@@ -797,13 +814,14 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             gdn::bar_named(1, 128);   /* every warp's reads of U done: C is written over */
             /* branch free, every element's exp in flight together */
             float *Rg = reinterpret_cast<float *>((sm + FS::C));
-            const double g0 = Sc(sm).gcd[r0], g1 = Sc(sm).gcd[r1];
+            const char *et = sm + et_at();
 #pragma unroll
-            for (int a = 0; a < 8; a++)
+            for (int a = 0; a < 8; a++) {
+                const float4 E4 = *reinterpret_cast<const float4 *>(et + 512 * a);
+                const float Ea[4] = {E4.x, E4.y, E4.z, E4.w};
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int u = 8 * a + 2 * tq + e;
-                    const double gu = Sc(sm).gcd[u];
 #pragma unroll
                     for (int hr = 0; hr < 2; hr++) {
                         const int t = hr ? r1 : r0, x = 4 * a + 2 * hr + e;
@@ -811,10 +829,11 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
                         const uint32_t pw = *reinterpret_cast<const uint32_t *>((sm + FS::PH) + swz(t, u & ~1));
                         const float P = e ? M::hi(pw) : M::lo(pw);
                         Rg[t * CC + u] = u < t && t < c ? v * P : 0.f;
-                        const float E = __expf((float)((hr ? g1 : g0) - gu));
+                        const float E = Ea[2 * hr + e];
                         dp[x] = u < t ? v * p.scale * E : u == t ? v * p.scale : 0.f;
                     }
                 }
+            }
             cfwd::acc_swz_hilo<M>(dp, (sm + FS::C) + 16384, (sm + FS::C) + 24576, tidx(), Sc(sm).rq[r0], Sc(sm).rq[r1]);   /* dP~ rq (rows) for T */
             cfwd::fence_async_smem();
 #pragma unroll
@@ -874,26 +893,28 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             gdn::bar_named(1, 128);   /* every warp's reads of tmp done: A is written over */
             float *Rg = reinterpret_cast<float *>((sm + FS::C)), *L = reinterpret_cast<float *>((sm + FS::A));
             {
-                const double g0 = Sc(sm).gcd[r0], g1 = Sc(sm).gcd[r1];
                 const float b0 = Sc(sm).bet[r0], b1 = Sc(sm).bet[r1], k0 = Sc(sm).rk[r0], k1 = Sc(sm).rk[r1];
+                const char *et = sm + et_at();
                 float db0 = 0.f, db1 = 0.f;
 #pragma unroll
-                for (int a = 0; a < 8; a++)
+                for (int a = 0; a < 8; a++) {
+                    const float4 E4 = *reinterpret_cast<const float4 *>(et + 512 * a);
+                    const float Ea[4] = {E4.x, E4.y, E4.z, E4.w};
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const int u = 8 * a + 2 * tq + e;
-                        const double gu = Sc(sm).gcd[u];
                         const float ru = Sc(sm).rk[u];
 #pragma unroll
                         for (int hr = 0; hr < 2; hr++) {
                             const int t = hr ? r1 : r0, x = 4 * a + 2 * hr + e;
-                            const float E = u < t && t < c ? -da[x] * __expf((float)((hr ? g1 : g0) - gu)) : 0.f;
+                            const float E = u < t && t < c ? -da[x] * Ea[2 * hr + e] : 0.f;
                             const float kk = kk_[x] * ((hr ? k1 : k0) * ru);
                             if (hr) db1 = fmaf(E, kk, db1); else db0 = fmaf(E, kk, db0);
                             Rg[t * CC + u] += E * (hr ? b1 : b0) * kk;
                             L[t * CC + u] = (hr ? b1 : b0) * E;
                         }
                     }
+                }
                 db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
                 db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
                 db1 += __shfl_xor_sync(0xffffffffu, db1, 1);
