@@ -387,11 +387,14 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
  * NT threads numbered t (0 .. NT-1) whose barrier is sync() (the fused
  * pass's two warpgroups). row holds CC floats and pre CC x (CC + 1) doubles
  * of shared memory; gt the inputs GateTok fetched (committed before the
- * callers' last barrier). */
+ * callers' last barrier). WIDE (the fused pass, where the gate is on the
+ * chunk's start): the warp's row scans side by side and each column's terms
+ * loaded together, the same sums in the same order (more registers: the
+ * group stage's kernels spill with it). */
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
-template <typename S, typename Sync>
+template <typename S, bool WIDE = false, typename Sync>
 __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
                                     int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1], int t,
                                     const Sync &sync) {
@@ -405,17 +408,53 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
          * row, two columns a lane), then each column's sum over t' >= t by
          * four threads (every fourth t') and the quad; fixed orders */
         const int lane = t & 31;
-        for (int tp = t >> 5; tp < c; tp += NT / 32) {
-            const S a0 = 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0), a1 = 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
-            const S ex = warp_pair_scan(a0, a1);
-            ps[tp][2 * lane] = ex;
-            ps[tp][2 * lane + 1] = ex + a0;
-        }
+        if constexpr (WIDE) {
+            constexpr int RW = CC / (NT / 32);   /* rows a warp, scanned side by side (rows past c as zeros, not stored) */
+            S a0[RW], a1[RW], in[RW];
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                const int tp = (t >> 5) + i * (NT / 32);
+                a0[i] = tp < c && 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0);
+                a1[i] = tp < c && 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
+                in[i] = a0[i] + a1[i];
+            }
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1)
+#pragma unroll
+                for (int i = 0; i < RW; i++) {
+                    const S y = __shfl_up_sync(0xffffffffu, in[i], o);
+                    if (lane >= o) in[i] += y;
+                }
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                const int tp = (t >> 5) + i * (NT / 32);
+                const S e = __shfl_up_sync(0xffffffffu, in[i], 1), ex = lane == 0 ? S(0) : e;
+                if (tp < c) {
+                    ps[tp][2 * lane] = ex;
+                    ps[tp][2 * lane + 1] = ex + a0[i];
+                }
+            }
+        } else
+            for (int tp = t >> 5; tp < c; tp += NT / 32) {
+                const S a0 = 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0), a1 = 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
+                const S ex = warp_pair_scan(a0, a1);
+                ps[tp][2 * lane] = ex;
+                ps[tp][2 * lane + 1] = ex + a0;
+            }
         sync();
         {
             const int col = t >> 2, q = t & 3;
             S acc = 0;
-            if (col < c)
+            if constexpr (WIDE) {
+                S v[CC / 4];   /* the terms loaded together, then summed in the same order (+0 past c) */
+#pragma unroll
+                for (int i = 0; i < CC / 4; i++) {
+                    const int tp = col + q + 4 * i;
+                    v[i] = col < c && tp < c ? (S)dgc[tp] + ps[tp][col] : S(0);
+                }
+#pragma unroll
+                for (int i = 0; i < CC / 4; i++) acc += v[i];
+            } else if (col < c)
                 for (int tp = col + q; tp < c; tp += 4) acc += (S)dgc[tp] + ps[tp][col];
             acc += __shfl_xor_sync(0xffffffffu, acc, 1);
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);

@@ -255,12 +255,12 @@ template <bool TL> __device__ __forceinline__ void tiles_copy(const BwdArgs &p, 
     if constexpr (TL) cfwd::tma_byte_rows(sm + FS::TH, &fm.tr, (int)((rec + R_TM - p.rec) / 64), mb);
     else cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
 }
-template <bool TL>
+template <int ROLE, bool TL>
 __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
                                       const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
     void *mb0 = sm + FS::MB, *mb = sm + FS::MB_R;
-    if (t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {
+    if (ROLE == 1 && t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {   /* V's first thread (ROLE known at compile time: no copy of this in T) */
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
         if (TL || p.st16) {   /* S0 first: S's first step needs it alone */
             cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
@@ -384,7 +384,7 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
 __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
     const Sc s(sm);
     const auto sync = [] { gdn::bar_named(BAR_G, 256); };
-    gate_store_t<float>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv, s.row,
+    gate_store_t<float, true>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv, s.row,
                         reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync);
 }
 
@@ -402,24 +402,28 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
-        fetch<TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        fetch<ROLE, TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        /* the loads issued before the gate, stored after it: their latency under the gate */
+        GateTok gk;
+        double gt_ = 0., gl = 0.;
+        float gm = 0.f, bt = 0.f, rk = 0.f, rq = 0.f;
+        const int t = tid - 256;
+        if (ROLE == 1 && tid < 128 + CC) gk.issue_t(p, rec, row0, c, w.j, tid - 128);
+        else if (ROLE == 2 && tid < 256 + CC) {
+            const double *gd = reinterpret_cast<const double *>(rec + R_GCD);
+            const bool on = t < c, l2 = (p.flags & GDN_QK_L2NORM) != 0;
+            gt_ = gd[t]; gl = gd[c - 1];
+            gm = rec[R_GAM + t]; bt = rec[R_BETA + t];
+            rk = on ? (l2 ? p.rstd_k[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
+            rq = on ? (l2 ? p.rstd_q[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
+        }
         if ((TL || p.st16) && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
             chunk_gate(p, sm, w, ci + 1);
             gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
         }
-        if (ROLE == 1 && tid < 128 + CC) {
-            GateTok gk;
-            gk.issue_t(p, rec, row0, c, w.j, tid - 128);
-            gk.commit(s.gt);
-        } else if (ROLE == 2 && tid < 256 + CC) {
-            const int t = tid - 256;
-            const double *gd = reinterpret_cast<const double *>(rec + R_GCD);
-            const double gt_ = gd[t], gl = gd[c - 1];
-            const float gm = rec[R_GAM + t], bt = rec[R_BETA + t];
-            const bool on = t < c, l2 = (p.flags & GDN_QK_L2NORM) != 0;
-            const float rk = on ? (l2 ? p.rstd_k[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
-            const float rq = on ? (l2 ? p.rstd_q[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
-            const float ek = on ? expf((float)(gl - gt_)) : 0.f;
+        if (ROLE == 1 && tid < 128 + CC) gk.commit(s.gt);
+        else if (ROLE == 2 && tid < 256 + CC) {
+            const float ek = t < c ? expf((float)(gl - gt_)) : 0.f;
             s.gcd[t] = gt_; s.gam[t] = gm; s.bet[t] = bt; s.rk[t] = rk; s.rq[t] = rq; s.ek[t] = ek;
             s.xs[t] = bt * gm * rk; s.us[t] = ek * rk; s.qs[t] = p.scale * gm * rq;
         }
@@ -712,6 +716,11 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
     }
 }
 
+/* a 4-byte global store under a predicate (a branchless STG whose offset the address takes as an immediate) */
+__device__ __forceinline__ void st_if(void *at, uint32_t v, bool on) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.global.b32 [%0], %1;\n\t}" ::"l"(at), "r"(v), "r"((int)on));
+}
+
 /* descriptors of a 64-row tile: A / B K-major at k step kk (16 columns);
  * B MN-major (rows along k, 128 columns) */
 __device__ __forceinline__ uint64_t dk64(const char *t, int kk) { return vdesc(t + (kk >> 2) * 8192 + (kk & 3) * 32); }
@@ -784,12 +793,15 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
             const float b0 = Sc(sm).bet[r0], b1 = Sc(sm).bet[r1];
-            __nv_bfloat16 *dv = static_cast<__nv_bfloat16 *>(p.dv);
+            {   /* dv: each row's address once, the stores predicated (no branch, no address formed again a store) */
+                __nv_bfloat16 *d0 = static_cast<__nv_bfloat16 *>(p.dv) + ((row0 + r0) * p.HV + w.j) * (int64_t)128 + 2 * tq;
+                __nv_bfloat16 *d1 = d0 + (int64_t)8 * p.HV * 128;
+                const bool on0 = r0 < c, on1 = r1 < c;
 #pragma unroll
-            for (int a = 0; a < 16; a++) {
-                const int col = 8 * a + 2 * tq;
-                if (r0 < c) *reinterpret_cast<uint32_t *>(dv + ((row0 + r0) * p.HV + w.j) * (int64_t)128 + col) = M::pack(b0 * y[4 * a], b0 * y[4 * a + 1]);
-                if (r1 < c) *reinterpret_cast<uint32_t *>(dv + ((row0 + r1) * p.HV + w.j) * (int64_t)128 + col) = M::pack(b1 * y[4 * a + 2], b1 * y[4 * a + 3]);
+                for (int a = 0; a < 16; a++) {
+                    st_if(d0 + 8 * a, M::pack(b0 * y[4 * a], b0 * y[4 * a + 1]), on0);
+                    st_if(d1 + 8 * a, M::pack(b1 * y[4 * a + 2], b1 * y[4 * a + 3]), on1);
+                }
             }
             const float2 dd = rowdot(y, (sm + FS::VR), f);
             if (tq == 0) { Sc(sm).dbv[r0] = dd.x; Sc(sm).dbv[r1] = dd.y; }
