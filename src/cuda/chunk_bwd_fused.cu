@@ -127,13 +127,13 @@ __device__ __forceinline__ int tidx() {
 }
 
 #ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk; and one chunk's times from the kernel's start */
-#define FP_DECL long long fp_[12] = {0}, fa_[12] = {0}, ft_ = clock64(); const long long f0_ = ft_
+#define FP_DECL long long fp_[14] = {0}, fa_[14] = {0}, ft_ = clock64(); const long long f0_ = ft_
 #define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
         if ((threadIdx.x & 127) == 0 && blockIdx.x == 0 && (nch) > 0) {                                        \
-            printf("fused %s cycles/chunk: start: issue %lld wait %lld F %lld | S %lld | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
-                   fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
+            printf("fused %s cycles/chunk: start: fetch %lld gate %lld loads %lld wait %lld F %lld | S %lld (S: step %lld) | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
+                   fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
         }                                                                                                     \
@@ -390,8 +390,9 @@ __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Wal
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
- * past c to zero where the TMA brought them), barrier F; probe(10) after
- * the scalars, probe(11) after the mbarriers (the profile build). With S0
+ * past c to zero where the TMA brought them), barrier F; probes (the
+ * profile build) 12 after the fetch's issue, 13 after the last chunk's
+ * gate, 10 after the scalars, 11 after the mbarriers. With S0
  * as the bf16 tile (st16) there is no barrier F: S waits for S0's
  * mbarrier alone and forms S0 . dS and dS's tile while the rest lands, and
  * the barrier after that step (S) is the chunk's first */
@@ -403,6 +404,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
         fetch<ROLE, TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
+        probe(12);
         /* the loads issued before the gate, stored after it: their latency under the gate */
         GateTok gk;
         double gt_ = 0., gl = 0.;
@@ -421,6 +423,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
             chunk_gate(p, sm, w, ci + 1);
             gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
         }
+        probe(13);
         if (ROLE == 1 && tid < 128 + CC) gk.commit(s.gt);
         else if (ROLE == 2 && tid < 256 + CC) {
             const float ek = t < c ? expf((float)(gl - gt_)) : 0.f;
@@ -609,6 +612,7 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
                     }
         }
         tot = gdn::warp_sum(tot);
+        FP(12);   /* S's step */
         if (lane == 0) Sc(sm).red[wl] = tot;
         cfwd::fence_async_smem();
         gdn::bar_named(3, 128);
