@@ -11,6 +11,10 @@
 # torch, numpy and the CUDA toolkit are the GPU machine's own. Then
 #   PYTHONPATH=$PWD/python:$PWD/.fla python3 bench/bench_gpu.py --only=chunk_fwd+bwd
 # adds FlashQLA's columns (QLA us, QLA/gdn, QLA MiB).
+# TileLang compiles FlashQLA's kernels for each shape on first use (its backward
+# kernel alone takes minutes on an H100 host). On a machine that does not keep
+# its home between runs, point TILELANG_CACHE_DIR (and TRITON_CACHE_DIR, for
+# FLA) at a folder that is kept, and bring it back on the next run.
 set -euo pipefail
 cmd=${1:-}
 case $cmd in
