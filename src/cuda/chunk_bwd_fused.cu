@@ -44,6 +44,7 @@
  *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S)
+ *   ET (10 KB): exp(g_t - g_u) of V's P3 and P4 pair loops, formed by S in P2
  * The chunk's inputs come by the TMA where it takes them (fetch: one thread
  * issues the copies on two mbarriers, S0's tile first: S starts on it). With
  * the bf16 state tiles (st16) the gate's gradients of a chunk (V and T) run
@@ -828,7 +829,7 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
             gdn::bar_named(1, 128);   /* every warp's reads of U done: C is written over */
-            /* branch free, every element's exp in flight together */
+            /* branch free; exp(g_t - g_u) from S's table (FS::ET) */
             float *Rg = reinterpret_cast<float *>((sm + FS::C));
             const char *et = sm + et_at();
 #pragma unroll
