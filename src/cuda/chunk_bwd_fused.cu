@@ -91,10 +91,17 @@ template <int ROLE> __device__ __forceinline__ void block_bar() {
     else if constexpr (ROLE == 1) asm volatile("bar.sync 0, 384; // V" ::: "memory");
     else asm volatile("bar.sync 0, 384; // T" ::: "memory");
 }
+/* The cluster barrier that publishes the blocks' dQc, dKc (A, B) to the
+ * others' shared::cluster reads. Its release covers this block's shared
+ * memory only (fence.release.sync_restrict::shared::cta.cluster, then a
+ * relaxed arrive): a release arrive is MEMBAR.ALL.GPU in the SASS, a wait for
+ * every global store of the chunk (dv, dq, dk rows) that no other block reads;
+ * the restricted fence is MEMBAR.ALL.CTA. The wait acquires (CCTL.IVALL). */
+#define GDN_CLUSTER_PUBLISH "fence.release.sync_restrict::shared::cta.cluster;\nbarrier.cluster.arrive.relaxed.aligned;"
 template <int ROLE> __device__ __forceinline__ void cluster_bar() {
-    if constexpr (ROLE == 0) asm volatile("barrier.cluster.arrive.release.aligned; // S\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.release.aligned; // V\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    else asm volatile("barrier.cluster.arrive.release.aligned; // T\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if constexpr (ROLE == 0) asm volatile(GDN_CLUSTER_PUBLISH " // S\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    else if constexpr (ROLE == 1) asm volatile(GDN_CLUSTER_PUBLISH " // V\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    else asm volatile(GDN_CLUSTER_PUBLISH " // T\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 /* the last barrier of a chunk only orders reads before the next chunk's
  * writes (the values read were used before the arrive): no release, so no
@@ -106,8 +113,8 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
 }
 /* the cluster barrier in two halves (V and T: the gate between) */
 template <int ROLE> __device__ __forceinline__ void cluster_arrive() {
-    if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.release.aligned; // V" ::: "memory");
-    else asm volatile("barrier.cluster.arrive.release.aligned; // T" ::: "memory");
+    if constexpr (ROLE == 1) asm volatile(GDN_CLUSTER_PUBLISH " // V" ::: "memory");
+    else asm volatile(GDN_CLUSTER_PUBLISH " // T" ::: "memory");
 }
 template <int ROLE> __device__ __forceinline__ void cluster_wait() {
     if constexpr (ROLE == 1) asm volatile("barrier.cluster.wait.acquire.aligned; // V" ::: "memory");
