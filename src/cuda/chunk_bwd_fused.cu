@@ -135,14 +135,17 @@ __device__ __forceinline__ int tidx() {
 }
 
 #ifdef GDN_BWD_PROFILE   /* cycles per step of each role's first thread, block 0, per chunk; and one chunk's times from the kernel's start */
+#ifndef GDN_BWD_PROFILE_MASK   /* 127: each role's first thread; 31 (-DGDN_BWD_PROFILE_MASK=31): every warp's first lane */
+#define GDN_BWD_PROFILE_MASK 127
+#endif
 #define FP_DECL long long fp_[14] = {0}, fa_[14] = {0}, ft_ = clock64(); const long long f0_ = ft_
-#define FP(k) do { if ((threadIdx.x & 127) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
+#define FP(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
-        if ((threadIdx.x & 127) == 0 && blockIdx.x == 0 && (nch) > 0) {                                        \
-            printf("fused %s cycles/chunk: start: fetch %lld gate %lld loads %lld wait %lld F %lld | S %lld (S: step %lld) | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
+        if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0 && (nch) > 0) {                       \
+            printf("fused %s w%d cycles/chunk: start: fetch %lld gate %lld loads %lld wait %lld F %lld | S %lld (S: step %lld) | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
-            printf("fused %s at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, \
+            printf("fused %s w%d at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
         }                                                                                                     \
     } while (0)
