@@ -546,17 +546,21 @@ __device__ __forceinline__ float warp_max(float m) {
     return m;
 }
 
+/* A cluster barrier's arrive that publishes this block's shared memory to
+ * the others' shared::cluster reads, and nothing more: a release arrive is
+ * MEMBAR.ALL.GPU in the SASS, a wait for every global store before it (which
+ * no other block reads); the restricted fence is MEMBAR.ALL.CTA (bench/NOTES.md
+ * v5.32). The wait that pairs with it acquires. */
+#define GDN_CLUSTER_PUBLISH "fence.release.sync_restrict::shared::cta.cluster;\nbarrier.cluster.arrive.relaxed.aligned;"
+
 /* The K split's exchange (the local stage and the transposed reverse sweep
- * at K = 256): the cluster barrier in halves (arrive with a release of this
- * block's shared memory only: the exchange is in shared memory, and a full
- * release is MEMBAR.ALL.GPU, a wait for every global store before it; wait
- * with acquire), the partner block's copy of a shared array (cluster ranks in
- * pairs 2 g, 2 g + 1), and a thread's N values to / from an array by thread
- * (value i at i NT + thread: whole 128-byte lines a warp). Partials are
- * added as own + partner's, the same bits in both blocks. */
-__device__ __forceinline__ void ks_arrive() {
-    asm volatile("fence.release.sync_restrict::shared::cta.cluster;\nbarrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
+ * at K = 256): the cluster barrier in halves (arrive publishing the shared
+ * memory, wait with acquire), the partner block's copy of a shared array
+ * (cluster ranks in pairs 2 g, 2 g + 1), and a thread's N values to / from
+ * an array by thread (value i at i NT + thread: whole 128-byte lines a
+ * warp). Partials are added as own + partner's, the same bits in both
+ * blocks. */
+__device__ __forceinline__ void ks_arrive() { asm volatile(GDN_CLUSTER_PUBLISH ::: "memory"); }
 __device__ __forceinline__ void ks_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ks_sync() { ks_arrive(); ks_wait(); }
 template <typename T> __device__ __forceinline__ T *ks_peer(T *x) {

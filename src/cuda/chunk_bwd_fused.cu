@@ -91,13 +91,8 @@ template <int ROLE> __device__ __forceinline__ void block_bar() {
     else if constexpr (ROLE == 1) asm volatile("bar.sync 0, 384; // V" ::: "memory");
     else asm volatile("bar.sync 0, 384; // T" ::: "memory");
 }
-/* The cluster barrier that publishes the blocks' dQc, dKc (A, B) to the
- * others' shared::cluster reads. Its release covers this block's shared
- * memory only (fence.release.sync_restrict::shared::cta.cluster, then a
- * relaxed arrive): a release arrive is MEMBAR.ALL.GPU in the SASS, a wait for
- * every global store of the chunk (dv, dq, dk rows) that no other block reads;
- * the restricted fence is MEMBAR.ALL.CTA. The wait acquires (CCTL.IVALL). */
-#define GDN_CLUSTER_PUBLISH "fence.release.sync_restrict::shared::cta.cluster;\nbarrier.cluster.arrive.relaxed.aligned;"
+/* the cluster barrier that publishes the blocks' dQc, dKc (A, B):
+ * GDN_CLUSTER_PUBLISH (chunk_bwd.cuh), then a wait that acquires (CCTL.IVALL) */
 template <int ROLE> __device__ __forceinline__ void cluster_bar() {
     if constexpr (ROLE == 0) asm volatile(GDN_CLUSTER_PUBLISH " // S\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     else if constexpr (ROLE == 1) asm volatile(GDN_CLUSTER_PUBLISH " // V\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

@@ -384,9 +384,9 @@ template <typename WM> __device__ __forceinline__ void put_bf4(char *hi, float4 
  * k, q and of every c x K sum); each sum over K (X' = K S0 and dU' = K dS
  * a panel, the row dots, dWk Bk^T, K K^T, S0 . dS) is the two blocks'
  * partials added as own + partner's, the same bits in both. The exchanges
- * are ordered by the cluster barrier (arrive with a release of shared
- * memory, wait with acquire; ks_* in chunk_bwd.cuh), each buffer written again only after a
- * barrier the partner reaches once it has read it. ---- */
+ * are ordered by the cluster barrier (arrive publishing the shared memory,
+ * wait with acquire; ks_* in chunk_bwd.cuh), each buffer written again only
+ * after a barrier the partner reaches once it has read it. ---- */
 
 /* the V walk of one item: the sums into aKd, aXq, aWk (c x K) and aP, aTm
  * (c x c), dv stored, dBv . v added to dbt, S0 . dS to tot. gam, bet, ek set
