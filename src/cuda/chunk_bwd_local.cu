@@ -1088,7 +1088,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         store_pairs<NR>(aXq, wr, kc0, dQs, LK, KH);   /* whole tiles (zeros past K included) */
         store_pairs<NR>(aKd, wr, kc0, dKs, LK, KH);
         BP(2);
-        cooperative_groups::this_cluster().sync();   /* every block's partials written and visible */
+        ks_sync();   /* every block's partials written and published (shared memory alone: no GPU-scope membar) */
         BP(3);
         if (SPLIT && p.dt == 0) cluster_qk_store<KH, false, KS>(p, row0, c, h, dQs, dKs, LK);   /* f32 inputs */
         else cluster_qk_store<KH, true, KS>(p, row0, c, h, dQs, dKs, LK);
@@ -1096,7 +1096,10 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         if (kh == 0)   /* KS: both blocks hold the same gate sums */
             gate_store<GateSum<SPLIT>>(p, slot, j, row0, c, gt, Rg, R4, dgc, dbt, row, reinterpret_cast<double(*)[CC + 1]>(sm + L::Q));
         BP(13);
-        cooperative_groups::this_cluster().sync();   /* no block leaves while another reads its partials */
+        /* no block leaves, or writes the next chunk's partials, while another
+         * reads its partials: the reads were used before this point, so the
+         * arrive releases nothing */
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
         BP(5);
     } else {
         float *w = G.scr + (int64_t)blockIdx.x * G.o.F;
