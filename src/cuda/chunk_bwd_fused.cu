@@ -72,7 +72,7 @@ struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
     /* the fetch's two mbarriers, S0's tile and the rest: in the scalars' spare array */
-    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8;
+    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8, MB_W = MB + 16;   /* MB_W: the WAR mbarrier (GDN_FUSED_WAR_MBARRIER) */
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     /* ET: exp(g_t - g_u) of the pair loops in V's accumulator order (S forms it in P2) */
@@ -105,6 +105,55 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
     if constexpr (ROLE == 0) asm volatile("barrier.cluster.arrive.relaxed.aligned; // S\nbarrier.cluster.wait.aligned;" ::: "memory");
     else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.relaxed.aligned; // V\nbarrier.cluster.wait.aligned;" ::: "memory");
     else asm volatile("barrier.cluster.arrive.relaxed.aligned; // T\nbarrier.cluster.wait.aligned;" ::: "memory");
+}
+/* A bench variant (-DGDN_FUSED_WAR_MBARRIER; bench/gpu_variants.sh), not
+ * measured yet: the WAR barrier as an mbarrier in each block (FS::MB_W,
+ * 12 G arrivals a phase: each warp's first lane on every block's, after the
+ * warp's reads). The wait is relaxed, so no CCTL.IVALL (barrier.cluster.wait
+ * always acquires: the L1, spilled lines included, invalidated each chunk).
+ * The own block's arrival releases at CTA scope (its reads of A, B and VR
+ * before the next chunk's writes); the remote ones are relaxed, as main's
+ * relaxed cluster arrive: each read value is used before the arrive. The
+ * init is published by the first publishing cluster barrier, before any
+ * remote arrival; no block exits while another can still arrive on it (it
+ * waits for all 12 G arrivals of the last chunk). par: the chunk's phase. */
+__device__ __forceinline__ void war_arrive_wait(char *sm, uint32_t par) {
+    const uint32_t a = saddr(sm + FS::MB_W);
+    uint32_t lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    __syncwarp();
+    if (lane == 0) {
+        uint32_t nb, me;
+        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nb));
+        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(me));
+#pragma unroll
+        for (uint32_t b = 0; b < 4; b++)
+            if (b < nb) {
+                if (b == me) {
+                    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+                } else {
+                    uint32_t r;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+                    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
+                }
+            }
+    }
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.relaxed.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(a), "r"(par)
+                     : "memory");
+    } while (!done);
+    asm volatile("fence.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory");
+}
+template <int ROLE> __device__ __forceinline__ void war_bar(char *sm, uint32_t par) {
+#ifdef GDN_FUSED_WAR_MBARRIER
+    war_arrive_wait(sm, par);
+#else
+    (void)sm; (void)par;
+    cluster_bar_war<ROLE>();
+#endif
 }
 /* the cluster barrier in two halves (V and T: the gate between) */
 template <int ROLE> __device__ __forceinline__ void cluster_arrive() {
@@ -501,7 +550,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
         cluster_rows<false, TL>(p, sm, row0, c, w.h);
         probe(8);
     }
-    cluster_bar_war<ROLE>();   /* no block reads another's A, B any more */
+    war_bar<ROLE>(sm, (uint32_t)((w.top - 1 - ci) & 1));   /* no block reads another's A, B any more */
 }
 
 /* the state gradient (n, j) between dht / dh0 (either layout) and a staging
@@ -707,7 +756,7 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
             const float4 v = *reinterpret_cast<const float4 *>(sm + FS::VR + (i * 128 + (tidx() & 127)) * 16);
             d[1][4 * i] = v.x; d[1][4 * i + 1] = v.y; d[1][4 * i + 2] = v.z; d[1][4 * i + 3] = v.w;
         }
-        cluster_bar_war<0>();   /* no block reads another's A, B any more */
+        war_bar<0>(sm, (uint32_t)((w.top - 1 - ci) & 1));   /* no block reads another's A, B any more */
         rows();
         FP(6);
     }
@@ -1125,6 +1174,10 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
     if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB_R); }   /* before the roles' first block barrier */
+#ifdef GDN_FUSED_WAR_MBARRIER
+    if (threadIdx.x == 128)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_W)), "r"(12 * p.G) : "memory");
+#endif
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
     if (wg == 0) {
