@@ -6,8 +6,9 @@
 # those CUDA flags (e.g. nodbg=-DNDEBUG, or a kernel's build option) and
 # runs its bench too, so variants are timed side by side on one card.
 # Build options of the kernels that exist for this comparison:
-#   war=-DGDN_FUSED_WAR_MBARRIER   the fused backward's WAR cluster barrier as
-#                                  an mbarrier (src/cuda/chunk_bwd_fused.cu)
+#   war=-DGDN_FUSED_WAR_MBARRIER       the fused backward's WAR cluster barrier
+#                                      as an mbarrier (src/cuda/chunk_bwd_fused.cu)
+#   cm=-DGDN_FUSED_CLUSTER_MBARRIER    both of its cluster barriers a chunk
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-tests}; shift || true

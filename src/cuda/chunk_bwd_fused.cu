@@ -72,7 +72,7 @@ struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
     /* the fetch's two mbarriers, S0's tile and the rest: in the scalars' spare array */
-    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8, MB_W = MB + 16;   /* MB_W: the WAR mbarrier (GDN_FUSED_WAR_MBARRIER) */
+    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8, MB_W = MB + 16, MB_P = MB + 24;   /* MB_W, MB_P: bench variants' */
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     /* ET: exp(g_t - g_u) of the pair loops in V's accumulator order (S forms it in P2) */
@@ -106,19 +106,28 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
     else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.relaxed.aligned; // V\nbarrier.cluster.wait.aligned;" ::: "memory");
     else asm volatile("barrier.cluster.arrive.relaxed.aligned; // T\nbarrier.cluster.wait.aligned;" ::: "memory");
 }
-/* A bench variant (-DGDN_FUSED_WAR_MBARRIER; bench/gpu_variants.sh), not
- * measured yet: the WAR barrier as an mbarrier in each block (FS::MB_W,
- * 12 G arrivals a phase: each warp's first lane on every block's, after the
- * warp's reads). The wait is relaxed, so no CCTL.IVALL (barrier.cluster.wait
- * always acquires: the L1, spilled lines included, invalidated each chunk).
- * The own block's arrival releases at CTA scope (its reads of A, B and VR
- * before the next chunk's writes); the remote ones are relaxed, as main's
- * relaxed cluster arrive: each read value is used before the arrive. The
- * init is published by the first publishing cluster barrier, before any
- * remote arrival; no block exits while another can still arrive on it (it
- * waits for all 12 G arrivals of the last chunk). par: the chunk's phase. */
-__device__ __forceinline__ void war_arrive_wait(char *sm, uint32_t par) {
-    const uint32_t a = saddr(sm + FS::MB_W);
+/* Bench variants (bench/gpu_variants.sh), not measured yet: the chunk's
+ * cluster barriers as mbarriers in each block, 12 G arrivals a phase (each
+ * warp's first lane, after __syncwarp, on every block's). Their waits are
+ * relaxed, then a restricted acquire fence: no CCTL.IVALL (barrier.cluster.wait
+ * always acquires, so the L1, spilled lines included, is invalidated at each).
+ *   -DGDN_FUSED_WAR_MBARRIER: the WAR barrier (FS::MB_W). The own block's
+ *     arrival releases at CTA scope (its reads of A, B and VR before the next
+ *     chunk's writes); the remote ones are relaxed, as the relaxed cluster
+ *     arrive is: each value read is used before the arrive.
+ *   -DGDN_FUSED_CLUSTER_MBARRIER: the publishing barrier too (FS::MB_P; with
+ *     the WAR one): the first lane's restricted release fence (cumulative over
+ *     the warp's stores to A, B, ordered before it by __syncwarp) before its
+ *     arrivals, so no barrier.cluster is left in the chunk loop.
+ * The inits are published by a cluster barrier before any remote arrival (the
+ * kernel's first publishing barrier, or one at the kernel's start with
+ * GDN_FUSED_CLUSTER_MBARRIER); no block exits while another can still arrive
+ * on it (each waits for all 12 G arrivals of the last chunk's phases).
+ * par: the chunk's phase. */
+#if defined(GDN_FUSED_CLUSTER_MBARRIER) && !defined(GDN_FUSED_WAR_MBARRIER)
+#define GDN_FUSED_WAR_MBARRIER
+#endif
+template <bool PUBLISH> __device__ __forceinline__ void mbar_cluster_arrive(uint32_t a) {
     uint32_t lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
     __syncwarp();
@@ -126,6 +135,7 @@ __device__ __forceinline__ void war_arrive_wait(char *sm, uint32_t par) {
         uint32_t nb, me;
         asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nb));
         asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(me));
+        if (PUBLISH) asm volatile("fence.release.sync_restrict::shared::cta.cluster;" ::: "memory");
 #pragma unroll
         for (uint32_t b = 0; b < 4; b++)
             if (b < nb) {
@@ -138,6 +148,8 @@ __device__ __forceinline__ void war_arrive_wait(char *sm, uint32_t par) {
                 }
             }
     }
+}
+__device__ __forceinline__ void mbar_cluster_wait(uint32_t a, uint32_t par) {
     uint32_t done;
     do {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.relaxed.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
@@ -149,10 +161,21 @@ __device__ __forceinline__ void war_arrive_wait(char *sm, uint32_t par) {
 }
 template <int ROLE> __device__ __forceinline__ void war_bar(char *sm, uint32_t par) {
 #ifdef GDN_FUSED_WAR_MBARRIER
-    war_arrive_wait(sm, par);
+    mbar_cluster_arrive<false>(saddr(sm + FS::MB_W));
+    mbar_cluster_wait(saddr(sm + FS::MB_W), par);
 #else
     (void)sm; (void)par;
     cluster_bar_war<ROLE>();
+#endif
+}
+/* the publishing barrier, whole (S) or in halves (V, T), by the option */
+template <int ROLE> __device__ __forceinline__ void pub_bar(char *sm, uint32_t par) {
+#ifdef GDN_FUSED_CLUSTER_MBARRIER
+    mbar_cluster_arrive<true>(saddr(sm + FS::MB_P));
+    mbar_cluster_wait(saddr(sm + FS::MB_P), par);
+#else
+    (void)sm; (void)par;
+    cluster_bar<ROLE>();
 #endif
 }
 /* the cluster barrier in two halves (V and T: the gate between) */
@@ -163,6 +186,22 @@ template <int ROLE> __device__ __forceinline__ void cluster_arrive() {
 template <int ROLE> __device__ __forceinline__ void cluster_wait() {
     if constexpr (ROLE == 1) asm volatile("barrier.cluster.wait.acquire.aligned; // V" ::: "memory");
     else asm volatile("barrier.cluster.wait.acquire.aligned; // T" ::: "memory");
+}
+template <int ROLE> __device__ __forceinline__ void pub_arrive(char *sm) {
+#ifdef GDN_FUSED_CLUSTER_MBARRIER
+    mbar_cluster_arrive<true>(saddr(sm + FS::MB_P));
+#else
+    (void)sm;
+    cluster_arrive<ROLE>();
+#endif
+}
+template <int ROLE> __device__ __forceinline__ void pub_wait(char *sm, uint32_t par) {
+#ifdef GDN_FUSED_CLUSTER_MBARRIER
+    mbar_cluster_wait(saddr(sm + FS::MB_P), par);
+#else
+    (void)sm; (void)par;
+    cluster_wait<ROLE>();
+#endif
 }
 enum { BAR_X = 4, BAR_S = 5, BAR_G = 6, BAR_Q = 7 };
 /* the base pointer, opaque to the compiler: addresses and descriptors are
@@ -531,7 +570,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci);
     {
-        cluster_arrive<ROLE>();
+        pub_arrive<ROLE>(sm);
         probe(7);
         const int t = tid - 128;   /* 256 threads: V and T */
         float *Rg = reinterpret_cast<float *>(sm + FS::C);
@@ -546,7 +585,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
             chunk_gate(p, sm, w, ci);
         }
         probe(9);
-        cluster_wait<ROLE>();
+        pub_wait<ROLE>(sm, (uint32_t)((w.top - 1 - ci) & 1));
         cluster_rows<false, TL>(p, sm, row0, c, w.h);
         probe(8);
     }
@@ -747,7 +786,7 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
             *reinterpret_cast<float4 *>(sm + FS::VR + (i * 128 + (tidx() & 127)) * 16) =
                 make_float4(d[1][4 * i], d[1][4 * i + 1], d[1][4 * i + 2], d[1][4 * i + 3]);
         PHASE_BAR(0, 5);   /* P4 */
-        cluster_bar<0>();   /* every block's dQc, dKc in its A, B */
+        pub_bar<0>(sm, (uint32_t)((w.top - 1 - ci) & 1));   /* every block's dQc, dKc in its A, B */
         FP(7);
         cluster_rows<true, TL>(p, sm, w.row0(ci), c, w.h);
         FP(8);
@@ -1177,6 +1216,11 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
 #ifdef GDN_FUSED_WAR_MBARRIER
     if (threadIdx.x == 128)
         asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_W)), "r"(12 * p.G) : "memory");
+#endif
+#ifdef GDN_FUSED_CLUSTER_MBARRIER
+    if (threadIdx.x == 128)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_P)), "r"(12 * p.G) : "memory");
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");   /* the inits before any remote arrival */
 #endif
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
