@@ -482,6 +482,17 @@ __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Wal
                         reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync);
 }
 
+/* A bench variant (-DGDN_FUSED_GATE_T; bench/gpu_variants.sh), not measured
+ * yet: the last chunk's gate at a chunk's start by T alone (128 threads, the
+ * same sums in the same order), V only issuing the fetch and GateTok's loads
+ * before it waits at BAR_G */
+__device__ __forceinline__ void chunk_gate_t(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+    const Sc s(sm);
+    const auto sync = [] { gdn::bar_named(2, 128); };
+    gate_store_t<float, true, 128>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv,
+                                   s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 256, sync);
+}
+
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
  * past c to zero where the TMA brought them), barrier F; probes (the
@@ -514,7 +525,11 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
             rq = on ? (l2 ? p.rstd_q[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
         }
         if ((TL || p.st16) && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
+#ifdef GDN_FUSED_GATE_T
+            if (ROLE == 2) chunk_gate_t(p, sm, w, ci + 1);   /* V waits */
+#else
             chunk_gate(p, sm, w, ci + 1);
+#endif
             gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
         }
         probe(13);
