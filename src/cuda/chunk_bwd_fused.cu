@@ -67,12 +67,22 @@ using cfwd::wgt_rs;
 using cfwd::wss128;
 using cfwd::wss64;
 
+/* the bench variants' options (bench/gpu_variants.sh; see mbar_cluster_arrive, chunk_gate_t) */
+#if defined(GDN_FUSED_CLUSTER_MBARRIER) && !defined(GDN_FUSED_WAR_MBARRIER)
+#define GDN_FUSED_WAR_MBARRIER
+#endif
 constexpr int FT = 384;   /* threads: three warpgroups */
 struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
     /* the fetch's two mbarriers, S0's tile and the rest: in the scalars' spare array */
-    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8, MB_W = MB + 16, MB_P = MB + 24;   /* MB_W, MB_P: bench variants' */
+    static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8;
+#ifdef GDN_FUSED_WAR_MBARRIER
+    static constexpr int MB_W = MB + 16;   /* the bench variants' cluster mbarriers (below) */
+#endif
+#ifdef GDN_FUSED_CLUSTER_MBARRIER
+    static constexpr int MB_P = MB + 24;
+#endif
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     /* ET: exp(g_t - g_u) of the pair loops in V's accumulator order (S forms it in P2) */
@@ -124,9 +134,7 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
  * GDN_FUSED_CLUSTER_MBARRIER); no block exits while another can still arrive
  * on it (each waits for all 12 G arrivals of the last chunk's phases).
  * par: the chunk's phase. */
-#if defined(GDN_FUSED_CLUSTER_MBARRIER) && !defined(GDN_FUSED_WAR_MBARRIER)
-#define GDN_FUSED_WAR_MBARRIER
-#endif
+#ifdef GDN_FUSED_WAR_MBARRIER
 template <bool PUBLISH> __device__ __forceinline__ void mbar_cluster_arrive(uint32_t a) {
     uint32_t lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
@@ -159,6 +167,7 @@ __device__ __forceinline__ void mbar_cluster_wait(uint32_t a, uint32_t par) {
     } while (!done);
     asm volatile("fence.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory");
 }
+#endif
 template <int ROLE> __device__ __forceinline__ void war_bar(char *sm, uint32_t par) {
 #ifdef GDN_FUSED_WAR_MBARRIER
     mbar_cluster_arrive<false>(saddr(sm + FS::MB_W));
@@ -486,12 +495,14 @@ __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Wal
  * yet: the last chunk's gate at a chunk's start by T alone (128 threads, the
  * same sums in the same order), V only issuing the fetch and GateTok's loads
  * before it waits at BAR_G */
+#ifdef GDN_FUSED_GATE_T
 __device__ __forceinline__ void chunk_gate_t(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
     const Sc s(sm);
     const auto sync = [] { gdn::bar_named(2, 128); };
     gate_store_t<float, true, 128>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv,
                                    s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 256, sync);
 }
+#endif
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
