@@ -8,8 +8,6 @@
 # Build options of the kernels that exist for this comparison:
 #   war=-DGDN_FUSED_WAR_MBARRIER       the fused backward's WAR cluster barrier
 #                                      as an mbarrier (src/cuda/chunk_bwd_fused.cu)
-#   cm=-DGDN_FUSED_CLUSTER_MBARRIER    both of its cluster barriers a chunk
-#   gt=-DGDN_FUSED_GATE_T              the last chunk's gate at a chunk's start by T alone
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-tests}; shift || true

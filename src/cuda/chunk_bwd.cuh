@@ -394,7 +394,7 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
-template <typename S, bool WIDE = false, int NTH = NT, typename Sync>
+template <typename S, bool WIDE = false, typename Sync>
 __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
                                     int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1], int t,
                                     const Sync &sync) {
@@ -409,11 +409,11 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
          * four threads (every fourth t') and the quad; fixed orders */
         const int lane = t & 31;
         if constexpr (WIDE) {
-            constexpr int RW = CC / (NTH / 32);   /* rows a warp, scanned side by side (rows past c as zeros, not stored) */
+            constexpr int RW = CC / (NT / 32);   /* rows a warp, scanned side by side (rows past c as zeros, not stored) */
             S a0[RW], a1[RW], in[RW];
 #pragma unroll
             for (int i = 0; i < RW; i++) {
-                const int tp = (t >> 5) + i * (NTH / 32);
+                const int tp = (t >> 5) + i * (NT / 32);
                 a0[i] = tp < c && 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0);
                 a1[i] = tp < c && 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
                 in[i] = a0[i] + a1[i];
@@ -427,7 +427,7 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
                 }
 #pragma unroll
             for (int i = 0; i < RW; i++) {
-                const int tp = (t >> 5) + i * (NTH / 32);
+                const int tp = (t >> 5) + i * (NT / 32);
                 const S e = __shfl_up_sync(0xffffffffu, in[i], 1), ex = lane == 0 ? S(0) : e;
                 if (tp < c) {
                     ps[tp][2 * lane] = ex;
@@ -442,27 +442,7 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
                 ps[tp][2 * lane + 1] = ex + a0;
             }
         sync();
-        if constexpr (WIDE && NTH == 128) {
-            /* two threads a column, each the sums of two of the quad's threads
-             * (q = 2 h and 2 h + 1) in their order, added as the quad's
-             * shuffles add them: the same bits as NTH = 256 */
-            static_assert(CC == 64, "two threads a column");
-            const int col = t >> 1, h = t & 1;
-            S va[CC / 4], vb[CC / 4];
-#pragma unroll
-            for (int i = 0; i < CC / 4; i++) {
-                const int ta = col + 2 * h + 4 * i, tb = ta + 1;
-                va[i] = col < c && ta < c ? (S)dgc[ta] + ps[ta][col] : S(0);
-                vb[i] = col < c && tb < c ? (S)dgc[tb] + ps[tb][col] : S(0);
-            }
-            S acc_a = 0, acc_b = 0;
-#pragma unroll
-            for (int i = 0; i < CC / 4; i++) { acc_a += va[i]; acc_b += vb[i]; }
-            S acc = acc_a + acc_b;
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            if (h == 0 && col < c) row[col] = (float)acc;
-        } else {
-            static_assert(NTH == NT, "gate_store_t: 256 threads, or 128 with WIDE");
+        {
             const int col = t >> 2, q = t & 3;
             S acc = 0;
             if constexpr (WIDE) {

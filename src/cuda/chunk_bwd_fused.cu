@@ -67,10 +67,6 @@ using cfwd::wgt_rs;
 using cfwd::wss128;
 using cfwd::wss64;
 
-/* the bench variants' options (bench/gpu_variants.sh; see mbar_cluster_arrive, chunk_gate_t) */
-#if defined(GDN_FUSED_CLUSTER_MBARRIER) && !defined(GDN_FUSED_WAR_MBARRIER)
-#define GDN_FUSED_WAR_MBARRIER
-#endif
 constexpr int FT = 384;   /* threads: three warpgroups */
 struct FS {               /* byte offsets */
     static constexpr int KR = 0, QR = 16384, VR = 32768, OR = 49152, TH = 65536, PH = 73728;
@@ -78,10 +74,7 @@ struct FS {               /* byte offsets */
     /* the fetch's two mbarriers, S0's tile and the rest: in the scalars' spare array */
     static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8;
 #ifdef GDN_FUSED_WAR_MBARRIER
-    static constexpr int MB_W = MB + 16;   /* the bench variants' cluster mbarriers (below) */
-#endif
-#ifdef GDN_FUSED_CLUSTER_MBARRIER
-    static constexpr int MB_P = MB + 24;
+    static constexpr int MB_W = MB + 16;   /* the bench variant's WAR mbarrier (war_bar) */
 #endif
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
@@ -116,26 +109,21 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
     else if constexpr (ROLE == 1) asm volatile("barrier.cluster.arrive.relaxed.aligned; // V\nbarrier.cluster.wait.aligned;" ::: "memory");
     else asm volatile("barrier.cluster.arrive.relaxed.aligned; // T\nbarrier.cluster.wait.aligned;" ::: "memory");
 }
-/* Bench variants (bench/gpu_variants.sh), not measured yet: the chunk's
- * cluster barriers as mbarriers in each block, 12 G arrivals a phase (each
- * warp's first lane, after __syncwarp, on every block's). Their waits are
- * relaxed, then a restricted acquire fence: no CCTL.IVALL (barrier.cluster.wait
- * always acquires, so the L1, spilled lines included, is invalidated at each).
- *   -DGDN_FUSED_WAR_MBARRIER: the WAR barrier (FS::MB_W). The own block's
- *     arrival releases at CTA scope (its reads of A, B and VR before the next
- *     chunk's writes); the remote ones are relaxed, as the relaxed cluster
- *     arrive is: each value read is used before the arrive.
- *   -DGDN_FUSED_CLUSTER_MBARRIER: the publishing barrier too (FS::MB_P; with
- *     the WAR one): the first lane's restricted release fence (cumulative over
- *     the warp's stores to A, B, ordered before it by __syncwarp) before its
- *     arrivals, so no barrier.cluster is left in the chunk loop.
- * The inits are published by a cluster barrier before any remote arrival (the
- * kernel's first publishing barrier, or one at the kernel's start with
- * GDN_FUSED_CLUSTER_MBARRIER); no block exits while another can still arrive
- * on it (each waits for all 12 G arrivals of the last chunk's phases).
- * par: the chunk's phase. */
+/* A bench variant (-DGDN_FUSED_WAR_MBARRIER, bench/gpu_variants.sh): the
+ * chunk's last cluster barrier as an mbarrier in each block (FS::MB_W),
+ * 12 G arrivals a phase: each warp's first lane, after __syncwarp, arrives on
+ * every block's. The own block's arrival releases at CTA scope (its reads of
+ * A, B and VR before the next chunk's writes); the remote ones are relaxed
+ * (each value read is used before the arrive). The wait is relaxed, then a
+ * restricted acquire fence: no CCTL.IVALL, where barrier.cluster.wait always
+ * acquires and so invalidates the L1, spilled lines included. The init is
+ * published by the kernel's first publishing barrier, before any remote
+ * arrival; no block exits while another can still arrive on it (each waits
+ * for all 12 G arrivals of the last chunk's phase). par: the chunk's phase.
+ * Measured -0.8 to -1.2 % and the same bits, but not the default: racecheck
+ * reports ~100x the hazards on it, unexplained yet (bench/NOTES.md v5.34). */
 #ifdef GDN_FUSED_WAR_MBARRIER
-template <bool PUBLISH> __device__ __forceinline__ void mbar_cluster_arrive(uint32_t a) {
+__device__ __forceinline__ void mbar_cluster_arrive(uint32_t a) {
     uint32_t lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
     __syncwarp();
@@ -143,7 +131,6 @@ template <bool PUBLISH> __device__ __forceinline__ void mbar_cluster_arrive(uint
         uint32_t nb, me;
         asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nb));
         asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(me));
-        if (PUBLISH) asm volatile("fence.release.sync_restrict::shared::cta.cluster;" ::: "memory");
 #pragma unroll
         for (uint32_t b = 0; b < 4; b++)
             if (b < nb) {
@@ -170,21 +157,11 @@ __device__ __forceinline__ void mbar_cluster_wait(uint32_t a, uint32_t par) {
 #endif
 template <int ROLE> __device__ __forceinline__ void war_bar(char *sm, uint32_t par) {
 #ifdef GDN_FUSED_WAR_MBARRIER
-    mbar_cluster_arrive<false>(saddr(sm + FS::MB_W));
+    mbar_cluster_arrive(saddr(sm + FS::MB_W));
     mbar_cluster_wait(saddr(sm + FS::MB_W), par);
 #else
     (void)sm; (void)par;
     cluster_bar_war<ROLE>();
-#endif
-}
-/* the publishing barrier, whole (S) or in halves (V, T), by the option */
-template <int ROLE> __device__ __forceinline__ void pub_bar(char *sm, uint32_t par) {
-#ifdef GDN_FUSED_CLUSTER_MBARRIER
-    mbar_cluster_arrive<true>(saddr(sm + FS::MB_P));
-    mbar_cluster_wait(saddr(sm + FS::MB_P), par);
-#else
-    (void)sm; (void)par;
-    cluster_bar<ROLE>();
 #endif
 }
 /* the cluster barrier in two halves (V and T: the gate between) */
@@ -195,22 +172,6 @@ template <int ROLE> __device__ __forceinline__ void cluster_arrive() {
 template <int ROLE> __device__ __forceinline__ void cluster_wait() {
     if constexpr (ROLE == 1) asm volatile("barrier.cluster.wait.acquire.aligned; // V" ::: "memory");
     else asm volatile("barrier.cluster.wait.acquire.aligned; // T" ::: "memory");
-}
-template <int ROLE> __device__ __forceinline__ void pub_arrive(char *sm) {
-#ifdef GDN_FUSED_CLUSTER_MBARRIER
-    mbar_cluster_arrive<true>(saddr(sm + FS::MB_P));
-#else
-    (void)sm;
-    cluster_arrive<ROLE>();
-#endif
-}
-template <int ROLE> __device__ __forceinline__ void pub_wait(char *sm, uint32_t par) {
-#ifdef GDN_FUSED_CLUSTER_MBARRIER
-    mbar_cluster_wait(saddr(sm + FS::MB_P), par);
-#else
-    (void)sm; (void)par;
-    cluster_wait<ROLE>();
-#endif
 }
 enum { BAR_X = 4, BAR_S = 5, BAR_G = 6, BAR_Q = 7 };
 /* the base pointer, opaque to the compiler: addresses and descriptors are
@@ -491,19 +452,6 @@ __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Wal
                         reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync);
 }
 
-/* A bench variant (-DGDN_FUSED_GATE_T; bench/gpu_variants.sh), not measured
- * yet: the last chunk's gate at a chunk's start by T alone (128 threads, the
- * same sums in the same order), V only issuing the fetch and GateTok's loads
- * before it waits at BAR_G */
-#ifdef GDN_FUSED_GATE_T
-__device__ __forceinline__ void chunk_gate_t(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
-    const Sc s(sm);
-    const auto sync = [] { gdn::bar_named(2, 128); };
-    gate_store_t<float, true, 128>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv,
-                                   s.row, reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 256, sync);
-}
-#endif
-
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
  * past c to zero where the TMA brought them), barrier F; probes (the
@@ -536,11 +484,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
             rq = on ? (l2 ? p.rstd_q[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
         }
         if ((TL || p.st16) && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
-#ifdef GDN_FUSED_GATE_T
-            if (ROLE == 2) chunk_gate_t(p, sm, w, ci + 1);   /* V waits */
-#else
             chunk_gate(p, sm, w, ci + 1);
-#endif
             gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
         }
         probe(13);
@@ -596,7 +540,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci);
     {
-        pub_arrive<ROLE>(sm);
+        cluster_arrive<ROLE>();
         probe(7);
         const int t = tid - 128;   /* 256 threads: V and T */
         float *Rg = reinterpret_cast<float *>(sm + FS::C);
@@ -611,7 +555,7 @@ __device__ __forceinline__ void chunk_end(const BwdArgs &p, char *sm, const Walk
             chunk_gate(p, sm, w, ci);
         }
         probe(9);
-        pub_wait<ROLE>(sm, (uint32_t)((w.top - 1 - ci) & 1));
+        cluster_wait<ROLE>();
         cluster_rows<false, TL>(p, sm, row0, c, w.h);
         probe(8);
     }
@@ -812,7 +756,7 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
             *reinterpret_cast<float4 *>(sm + FS::VR + (i * 128 + (tidx() & 127)) * 16) =
                 make_float4(d[1][4 * i], d[1][4 * i + 1], d[1][4 * i + 2], d[1][4 * i + 3]);
         PHASE_BAR(0, 5);   /* P4 */
-        pub_bar<0>(sm, (uint32_t)((w.top - 1 - ci) & 1));   /* every block's dQc, dKc in its A, B */
+        cluster_bar<0>();   /* every block's dQc, dKc in its A, B */
         FP(7);
         cluster_rows<true, TL>(p, sm, w.row0(ci), c, w.h);
         FP(8);
@@ -1240,13 +1184,8 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
     if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB_R); }   /* before the roles' first block barrier */
 #ifdef GDN_FUSED_WAR_MBARRIER
-    if (threadIdx.x == 128)
+    if (threadIdx.x == 128)   /* published by the first publishing barrier, before any remote arrival */
         asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_W)), "r"(12 * p.G) : "memory");
-#endif
-#ifdef GDN_FUSED_CLUSTER_MBARRIER
-    if (threadIdx.x == 128)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_P)), "r"(12 * p.G) : "memory");
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");   /* the inits before any remote arrival */
 #endif
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
