@@ -394,10 +394,15 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
 struct BlockSync {
     __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
-template <typename S, bool WIDE = false, typename Sync>
+/* probe(k) marks the ends of the gate's steps for the fused pass's profile
+ * build (14 the row scan, 15 the column sums, 16 the fused gate's partials) */
+struct NoProbe {
+    __device__ __forceinline__ void operator()(int) const {}
+};
+template <typename S, bool WIDE = false, typename Sync, typename Probe = NoProbe>
 __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
                                     int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1], int t,
-                                    const Sync &sync) {
+                                    const Sync &sync, const Probe &probe = Probe()) {
     const int64_t gi = slot * p.HV + j;
     const int HV = p.HV;
     double(*pre)[CC + 1] = pre_mem;
@@ -441,6 +446,7 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
                 ps[tp][2 * lane] = ex;
                 ps[tp][2 * lane + 1] = ex + a0;
             }
+        probe(14);
         sync();
         {
             const int col = t >> 2, q = t & 3;
@@ -461,6 +467,7 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
             if (q == 0 && col < c) row[col] = (float)acc;
         }
         sync();
+        probe(15);
         if (p.flags & GDN_GATE_FUSED) {
             /* token t by thread t; the partials summed over the tokens by a
              * fixed tree (shuffles in each of the two warps, then warp 0 + warp 1) */
@@ -486,6 +493,7 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
                 p.part[p.nslots * HV + gi] = pre[1][0] + pre[1][1];
             }
         }
+        probe(16);
         if (t < c) gdn::st(p.dg, (row0 + t) * HV + j, row[t], p.gdt);
     }
     if (t < c) {

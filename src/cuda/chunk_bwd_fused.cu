@@ -191,7 +191,7 @@ __device__ __forceinline__ int tidx() {
 #ifndef GDN_BWD_PROFILE_MASK   /* 127: each role's first thread; 31 (-DGDN_BWD_PROFILE_MASK=31): every warp's first lane */
 #define GDN_BWD_PROFILE_MASK 127
 #endif
-#define FP_DECL long long fp_[14] = {0}, fa_[14] = {0}, ft_ = clock64(); const long long f0_ = ft_
+#define FP_DECL long long fp_[17] = {0}, fa_[17] = {0}, ft_ = clock64(); const long long f0_ = ft_
 #define FP(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
@@ -200,6 +200,8 @@ __device__ __forceinline__ int tidx() {
                    fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s w%d at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
+            printf("fused %s w%d start's gate cycles/chunk: scan %lld cols %lld fused %lld stores+BAR_G %lld\n", name, (int)(threadIdx.x >> 5), \
+                   fp_[14] / (nch), fp_[15] / (nch), fp_[16] / (nch), fp_[13] / (nch)); \
         }                                                                                                     \
     } while (0)
 #else
@@ -445,18 +447,20 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
 
 /* gate_store of chunk ci by V and T (256 threads): dg, dbeta and the gate's
  * partials from Rg (C), the scalars dgq, dbv, GateTok's gt, prefix sums in D */
-__device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Walk &w, int64_t ci) {
+template <typename Probe = NoProbe>
+__device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Walk &w, int64_t ci, const Probe &probe = Probe()) {
     const Sc s(sm);
     const auto sync = [] { gdn::bar_named(BAR_G, 256); };
     gate_store_t<float, true>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv, s.row,
-                        reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync);
+                              reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync, probe);
 }
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
  * past c to zero where the TMA brought them), barrier F; probes (the
- * profile build) 12 after the fetch's issue, 13 after the last chunk's
- * gate, 10 after the scalars, 11 after the mbarriers. With S0
+ * profile build) 12 after the fetch's issue, 14-16 in the last chunk's
+ * gate (gate_store_t), 13 after it, 10 after the scalars, 11 after the
+ * mbarriers. With S0
  * as the bf16 tile (st16) there is no barrier F: S waits for S0's
  * mbarrier alone and forms S0 . dS and dS's tile while the rest lands, and
  * the barrier after that step (S) is the chunk's first */
@@ -484,7 +488,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
             rq = on ? (l2 ? p.rstd_q[(row0 + t) * p.H + w.h] : 1.f) : 0.f;
         }
         if ((TL || p.st16) && ci + 1 < w.top) {   /* the last chunk's gate while this one's inputs land (C, D, the scalars free till P1) */
-            chunk_gate(p, sm, w, ci + 1);
+            chunk_gate(p, sm, w, ci + 1, probe);
             gdn::bar_named(BAR_G, 256);   /* gt, dgq, dbv read before they are written again */
         }
         probe(13);
