@@ -25,8 +25,8 @@
  * more by streaming stores, cpu/stream.h), other rows through f32 row
  * buffers. The backward of bf16 with D a whole number of vectors walks
  * tokens down each vector of channels with its state in registers
- * (bwd_direct: each input row read once, dz and the sums never leave the
- * registers, dx stored as it comes); every other backward
+ * (bwd_direct: each input row read once and prefetched a walk ahead, dz
+ * and the sums never leave the registers, dx stored as it comes); every other backward
  * deals whole channel blocks to threads, each walking its blocks SBB tokens
  * at a time across them (rows again; twice the forward's SB, which halves
  * the sub-blocks' fixed cost), so every block's dweight / dbias is
@@ -610,13 +610,23 @@ static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
  * tokens counted from the sequence's start and after its last token (as
  * bwd_sub does: the same bits), and dx of step t - W + 1 from the last W dz
  * (conv_dx's order), dht added and stored, or kept in dh0 before the start.
- * SBW steps at a time: few enough 4 KiB pages (rows of x, dy, dx) in flight
- * for the hardware's prefetch (a prototype at the main job's shape, two
- * threads: 32 steps 3.6 ms, 16 and 8 2.9), and enough to pay a vector's visit
- * (its state in and out: SBW 4, 8, 16 took 5.4, 4.2, 3.9 ms; bench/NOTES.md
- * CPU v21). Same bits as bwd_sub. */
-enum { SBW = 16 };
+ * The sigmoid's exp is gdn_exp_silu_neg_fast_v (cpu/act.h; relative error
+ * 2.7e-6), so its bits are not bwd_sub's; the walk's order of sums is.
+ * SBW steps at a time, each step prefetching the rows of x and dy SBW steps
+ * ahead into L2 and dx's for writing: a thread's rows are 4 KiB apart (one
+ * page each), more pages in flight than the hardware's prefetch follows, so
+ * without it the walk waited on memory (4.4 -> 2.7 ms at the main job's
+ * shape, two threads; bench/NOTES.md CPU v25). 32 steps: fewer visits of a
+ * vector (its state in and out, ~110 cycles; SBW 4, 8, 16 took 5.4, 4.2,
+ * 3.9 ms before the prefetch, CPU v21). */
+enum { SBW = 32 };
 _Static_assert(SBB % SBW == 0, "a walk of SBW steps closes at most one SBB of sums, at its end");
+
+/* the address of row t of a walk's array (D channels a row) for a prefetch:
+ * formed as an integer, as it may lie past either end (a prefetch never faults) */
+static inline const void *row_ahead(const uint16_t *p, int64_t t, int64_t D) {
+    return (const void *)((uintptr_t)p + (uintptr_t)(t * D * 2));
+}
 
 /* a vector's state between its steps: 3 W - 1 vectors (the inputs and dz of
  * the last W - 1 steps, the fp32 sums of dweight and of dbias), and W + 1
@@ -674,12 +684,15 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     gdn_av dz = {0};                                                                                      \
     if (real) {                                                                                           \
         const gdn_av xt = gdn_bf16_load_v(x + t * D);                                                     \
+        __builtin_prefetch(row_ahead(x, t + SBW, D), 0, 2);                                               \
+        __builtin_prefetch(row_ahead(dy, t + SBW, D), 0, 2);                                              \
+        __builtin_prefetch(row_ahead(dx, t + SBW - (W - 1), D), 1, 2);                                    \
         gdn_av g = gdn_bf16_load_v(dy + t * D);                                                           \
         if (silu) {                                                                                       \
             gdn_av z = bv;                                                                                \
             for (int w = 0; w < W - 1; w++) z += wv[w] * xh[w];                                           \
             z += wv[W - 1] * xt;                                                                          \
-            const gdn_av sg = 1.f / (1.f + gdn_expf_silu_neg_v(z));                                       \
+            const gdn_av sg = 1.f / (1.f + gdn_exp_silu_neg_fast_v(z));                                   \
             g = g * sg * (1.f + z * (1.f - sg));                                                          \
         }                                                                                                 \
         dz = g;                                                                                           \
