@@ -421,6 +421,59 @@ static void test_determinism(void) {
     test_determinism_d(320, mix_seed(g_base_seed, 8501));
 }
 
+/* ---- the backward's staged dx: the same bits as in place ----
+ * B2 T4096 D2048 bf16 makes dx 32 MiB, at the size from which the direct
+ * walk stages its dx rows and streams them out (src/cpu/conv1d.c,
+ * BWD_STAGE_BYTES); each batch row alone (16 MiB) is stored in place. The
+ * walk sums and stores the same values either way, so dx and dh0 must match
+ * bit for bit, with h0, dht and SiLU (every edge of a sequence); dweight and
+ * dbias, summed over both rows in one call, within fp32 rounding of the two
+ * calls' parts. Outputs poisoned first. */
+static void test_staged_dx(void) {
+    rng r;
+    const uint64_t seed = mix_seed(g_base_seed, 8600);
+    rng_seed(&r, seed);
+    const int D = 2048, W = 4;
+    const int64_t B = 2, T = 4096;
+    const size_t nx = (size_t)(B * T) * D, nr = (size_t)T * D, nw = (size_t)D * W, nst = (size_t)B * D * W;
+    double *tmp = dalloc(nx);
+    uint16_t *x = rand_tensor(&r, GDN_BF16, nx, 1.0, tmp), *dy = rand_tensor(&r, GDN_BF16, nx, 1.0, tmp);
+    float *w = rand_tensor(&r, GDN_F32, nw, 0.6, tmp), *bias = rand_tensor(&r, GDN_F32, D, 0.5, tmp);
+    float *h0 = rand_tensor(&r, GDN_F32, nst, 1.0, tmp), *dht = rand_tensor(&r, GDN_F32, nst, 1.0, tmp);
+    uint16_t *dx = t_alloc(nx * 2), *dx1 = t_alloc(nx * 2);
+    float *dw = t_alloc(nw * 4), *db = t_alloc((size_t)D * 4), *dh0 = t_alloc(nst * 4), *dh01 = t_alloc(nst * 4);
+    float *dw1 = t_alloc(2 * nw * 4), *db1 = t_alloc((size_t)2 * D * 4);
+    t_poison_nan(GDN_BF16, dx, nx); t_poison_nan(GDN_BF16, dx1, nx);
+    t_poison_nan(GDN_F32, dh0, nst); t_poison_nan(GDN_F32, dh01, nst);
+    char ctx[200];
+    snprintf(ctx, sizeof ctx, "op=conv1d_bwd staged dx B%lld T%lld D%d W%d bf16 silu h0 dht seed=%llu", (long long)B, (long long)T, D, W,
+             (unsigned long long)seed);
+    const gdn_exec ex = {GDN_BACKEND_CPU, NULL, 2, 0};
+    gdn_conv1d_config c;
+    memset(&c, 0, sizeof c);
+    c.B = B; c.T = T; c.D = D; c.W = W; c.dtype = GDN_BF16; c.silu = 1;
+    gdn_conv1d_bwd_args ba = {x, w, bias, h0, dy, dht, dx, dw, db, dh0};
+    int ok = gdn_conv1d_bwd(&ex, &c, &ba) == GDN_OK;
+    c.B = 1;
+    for (int b = 0; b < 2; b++) {
+        gdn_conv1d_bwd_args bb = {x + b * nr, w, bias, h0 + (size_t)b * D * W, dy + b * nr, dht + (size_t)b * D * W, dx1 + b * nr,
+                                  dw1 + (size_t)b * nw, db1 + (size_t)b * D, dh01 + (size_t)b * D * W};
+        ok &= gdn_conv1d_bwd(&ex, &c, &bb) == GDN_OK;
+    }
+    if (check(ok, ctx, "a call failed: %s", gdn_last_error())) {
+        check(!memcmp(dx, dx1, nx * 2), ctx, "dx staged (one call of 32 MiB) and in place (two of 16 MiB) bit-identical");
+        check(!memcmp(dh0, dh01, nst * 4), ctx, "dh0 staged and in place bit-identical");
+        double e = 0;
+        /* each call rounds its fp64 sums to fp32 once: the difference within a few ulps of the two parts */
+        for (size_t i = 0; i < nw; i++)
+            e = fmax(e, fabs(dw[i] - ((double)dw1[i] + dw1[nw + i])) / (fabs(dw1[i]) + fabs(dw1[nw + i]) + 1e-30));
+        for (int i = 0; i < D; i++) e = fmax(e, fabs(db[i] - ((double)db1[i] + db1[D + i])) / (fabs(db1[i]) + fabs(db1[D + i]) + 1e-30));
+        check(e < 4e-7, ctx, "dweight, dbias of one call against the two calls' sums: %.2e of the parts (bound 4e-7)", e);
+    }
+    free(tmp); free(x); free(dy); free(w); free(bias); free(h0); free(dht); free(dx); free(dx1);
+    free(dw); free(db); free(dh0); free(dh01); free(dw1); free(db1);
+}
+
 /* ---- bad input: status, a message, not one byte written ---- */
 
 #define EBUF 4096
@@ -671,5 +724,6 @@ void test_conv1d(void) {
     test_update_consistency(3, GDN_BF16, 0, 128, idx++);
     test_update_slots(4, GDN_BF16, 1, 1, 2048, idx++);
     test_determinism();
+    test_staged_dx();
     test_bad_input();
 }

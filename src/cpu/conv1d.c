@@ -26,7 +26,8 @@
  * buffers. The backward of bf16 with D a whole number of vectors walks
  * tokens down each vector of channels with its state in registers
  * (bwd_direct: each input row read once and prefetched a walk ahead, dz
- * and the sums never leave the registers, dx stored as it comes); every other backward
+ * and the sums never leave the registers, dx stored as it comes, or for a
+ * large dx into staging rows streamed out whole); every other backward
  * deals whole channel blocks to threads, each walking its blocks SBB tokens
  * at a time across them (rows again; twice the forward's SB, which halves
  * the sub-blocks' fixed cost), so every block's dweight / dbias is
@@ -621,6 +622,17 @@ static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
  * 3.9 ms before the prefetch, CPU v21). */
 enum { SBW = 32 };
 _Static_assert(SBB % SBW == 0, "a walk of SBW steps closes at most one SBB of sums, at its end");
+/* dx of at least this many bytes: the walk writes its dx rows into SBW
+ * staging rows, copied out whole by streaming stores after each block of
+ * steps (no line of dx read first or written in part; the 32-byte pieces 4
+ * KiB apart had made the walk wait on DRAM: B1 T8192 D2048 9.3 -> 6.6 ms,
+ * bench/NOTES.md CPU v26). Smaller, dx is stored in place (prefetched for
+ * writing): there a repeated call finds part of it in the L3, which
+ * streaming would bypass (T4096: 2.7 in place, 3.1 staged). */
+#ifndef BWD_STAGE_MB
+#define BWD_STAGE_MB 32
+#endif
+#define BWD_STAGE_BYTES ((int64_t)BWD_STAGE_MB << 20)
 
 /* the address of row t of a walk's array (D channels a row) for a prefetch:
  * formed as an integer, as it may lie past either end (a prefetch never faults) */
@@ -646,9 +658,9 @@ static inline void add_f64(double *restrict acc, gdn_av v) {
 #endif
 }
 
-/* dx of step s (before the sequence: dh0) for the GDN_AVL channels at d, dht added where it reaches */
+/* dx of step s (before the sequence: dh0) for the GDN_AVL channels at d, dht added where it reaches; row: its place in the staging rows */
 static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t L, int64_t s, int d, gdn_av r,
-                            uint16_t *dx) {
+                            uint16_t *row) {
     const int64_t D = c->D;
     const int W = c->W;
     float f[GDN_AVL];
@@ -659,7 +671,7 @@ static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_arg
     }
     if (s >= 0) {
         memcpy(&r, f, sizeof r);
-        gdn_bf16_store_v(dx + s * D, r);
+        gdn_bf16_store_v(row, r);
     } else if (a->dh0) {
         float *h = a->dh0 + (n * D + d) * W + W + s;
         for (int l = 0; l < GDN_AVL; l++) h[(int64_t)l * W] = f[l];
@@ -670,10 +682,12 @@ static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_arg
  * multiple of SBW, so at most the last real token closes a sum's SBB) */
 INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n,
                              int64_t bos, int64_t L, int64_t t0, int64_t t1, int d, gdn_av *restrict q, double *restrict qd, const float *wT,
-                             const float *bias) {
+                             const float *bias, uint16_t *stg) {
     const int64_t D = c->D;
     const uint16_t *restrict x = (const uint16_t *)a->x + bos * D + d, *restrict dy = (const uint16_t *)a->dy + bos * D + d;
-    uint16_t *restrict dx = (uint16_t *)a->dx + bos * D + d;
+    /* step t's dx row: staging row t - t0 (stg), or dx's row t - (W - 1) */
+    uint16_t *restrict dx = stg ? stg + d : (uint16_t *)a->dx + bos * D + d;
+    const int64_t r0 = stg ? t0 : W - 1;
     const int64_t s1 = a->dht ? L - W : L;   /* dx rows below s1 take no dht */
     gdn_av wv[WMAX], bv, xh[WMAX - 1], dzh[WMAX - 1], aw[WMAX], ab = q[3 * W - 2];
     for (int w = 0; w < W; w++) { memcpy(&wv[w], wT + w * D + d, sizeof(gdn_av)); aw[w] = q[2 * W - 2 + w]; }
@@ -686,7 +700,7 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
         const gdn_av xt = gdn_bf16_load_v(x + t * D);                                                     \
         __builtin_prefetch(row_ahead(x, t + SBW, D), 0, 2);                                               \
         __builtin_prefetch(row_ahead(dy, t + SBW, D), 0, 2);                                              \
-        __builtin_prefetch(row_ahead(dx, t + SBW - (W - 1), D), 1, 2);                                    \
+        if (!stg) __builtin_prefetch(row_ahead(dx, t + SBW - (W - 1), D), 1, 2);                          \
         gdn_av g = gdn_bf16_load_v(dy + t * D);                                                           \
         if (silu) {                                                                                       \
             gdn_av z = bv;                                                                                \
@@ -712,15 +726,15 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     int64_t t = t0;
     for (; t < t1 && (t < ta || t >= tz); t++) {   /* the first W - 1 steps of a sequence */
         STEP(t < L)
-        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx);
+        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx + (t - r0) * D);
     }
     for (; t < tz; t++) {
         STEP(1)
-        gdn_bf16_store_v(dx + (t - (W - 1)) * D, r);
+        gdn_bf16_store_v(dx + (t - r0) * D, r);
     }
     for (; t < t1; t++) {   /* the last steps: dht, or none past L */
         STEP(t < L)
-        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx);
+        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx + (t - r0) * D);
     }
 #undef STEP
     if (te > t0 && (te % SBB == 0 || te == L)) {   /* bwd_sub's sums: fp32 over its sub-block's tokens, then fp64 */
@@ -738,25 +752,32 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
 
 /* bwd_direct_steps for vectors v0..v1-1, one after another (sv, sd their states) */
 INLINE void bwd_direct_row(const int W, const int silu, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos,
-                           int64_t L, int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias) {
+                           int64_t L, int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias,
+                           uint16_t *stg) {
     for (int v = v0; v < v1; v++)
         bwd_direct_steps(W, silu, c, a, n, bos, L, t0, t1, v * GDN_AVL, sv + (size_t)(v - v0) * bwd_vec_len(W),
-                         sd + (size_t)(v - v0) * (W + 1) * GDN_AVL, wT, bias);
+                         sd + (size_t)(v - v0) * (W + 1) * GDN_AVL, wT, bias, stg);
 }
 
 static void bwd_direct_row_any(int W, const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t bos, int64_t L,
-                               int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias) {
-#define CALL(w) (c->silu ? bwd_direct_row(w, 1, c, a, n, bos, L, t0, t1, v0, v1, sv, sd, wT, bias) \
-                         : bwd_direct_row(w, 0, c, a, n, bos, L, t0, t1, v0, v1, sv, sd, wT, bias))
+                               int64_t t0, int64_t t1, int v0, int v1, gdn_av *sv, double *sd, const float *wT, const float *bias,
+                               uint16_t *stg) {
+#define CALL(w) (c->silu ? bwd_direct_row(w, 1, c, a, n, bos, L, t0, t1, v0, v1, sv, sd, wT, bias, stg) \
+                         : bwd_direct_row(w, 0, c, a, n, bos, L, t0, t1, v0, v1, sv, sd, wT, bias, stg))
     W_SWITCH(W, CALL);
 #undef CALL
 }
 
-/* vectors v0..v1-1 (one thread) of every sequence; wT the weights by tap, then the bias */
+/* vectors v0..v1-1 (one thread) of every sequence; wT the weights by tap,
+ * then the bias; stg SBW staging rows of D channels (the thread's columns
+ * its own), each block's dx rows copied out whole after its walk (streamed
+ * where dx is large: no line of dx read first, none written in part) */
 static void bwd_direct(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int v0, int v1, gdn_av *sv, double *sd,
-                       const float *wT) {
+                       const float *wT, uint16_t *stg) {
     const int W = c->W, D = c->D, nq = bwd_vec_len(W), nd = (W + 1) * GDN_AVL;
     const float *bias = wT + (int64_t)W * D;
+    const int64_t c0 = (int64_t)v0 * GDN_AVL, nc = (int64_t)(v1 - v0) * GDN_AVL;
+    const int stage = (c->B * c->T) * (int64_t)D * 2 >= BWD_STAGE_BYTES;
     memset(sd, 0, sizeof(double) * (size_t)nd * (size_t)(v1 - v0));
     for (int64_t n = 0; n < N; n++) {
         const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
@@ -773,7 +794,13 @@ static void bwd_direct(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
         }
         for (int64_t tb = 0; tb < L + W - 1; tb += SBW) {
             const int64_t te = tb + SBW < L + W - 1 ? tb + SBW : L + W - 1;
-            bwd_direct_row_any(W, c, a, n, bos, L, tb, te, v0, v1, sv, sd, wT, bias);
+            bwd_direct_row_any(W, c, a, n, bos, L, tb, te, v0, v1, sv, sd, wT, bias, stage ? stg : NULL);
+            if (stage)
+                for (int64_t t = tb; t < te; t++) {   /* step t's dx row, s = t - (W - 1), where 0 <= s < L */
+                    const int64_t s = t - (W - 1);
+                    if (s >= 0 && s < L)
+                        gdn_store16_row((uint16_t *)a->dx + (bos + s) * D + c0, stg + (t - tb) * D + c0, (int)nc, 1);
+                }
         }
         if (a->dh0)   /* h0[., 0] is read only by ht of an empty sequence (ht = h0) */
             for (int64_t d = (int64_t)v0 * GDN_AVL; d < (int64_t)v1 * GDN_AVL; d++)
@@ -796,19 +823,22 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
         float *wT = weights_by_tap(a->weight, a->bias, W, D);
         gdn_av *sv = aligned_alloc(64, sizeof(gdn_av) * (size_t)bwd_vec_len(W) * (size_t)nv);
         double *sd = malloc(sizeof(double) * (size_t)(W + 1) * GDN_AVL * (size_t)nv);
-        if (!wT || !sv || !sd) { free(wT); free(sv); free(sd); return 1; }
+        uint16_t *stg = aligned_alloc(64, sizeof(uint16_t) * SBW * (size_t)D);   /* SBW * D * 2: a multiple of 64 */
+        if (!wT || !sv || !sd || !stg) { free(wT); free(sv); free(sd); free(stg); return 1; }
         #pragma omp parallel num_threads(nt)
         {
             int v0, v1;
             thread_share(nv, &v0, &v1);
             const unsigned fm = gdn_ftz_begin();
             if (v1 > v0)
-                bwd_direct(c, N, a, v0, v1, sv + (size_t)v0 * bwd_vec_len(W), sd + (size_t)v0 * (W + 1) * GDN_AVL, wT);
+                bwd_direct(c, N, a, v0, v1, sv + (size_t)v0 * bwd_vec_len(W), sd + (size_t)v0 * (W + 1) * GDN_AVL, wT, stg);
+            gdn_stream_fence();
             gdn_ftz_end(fm);
         }
         free(wT);
         free(sv);
         free(sd);
+        free(stg);
         return 0;
     }
     const int nt = pick_threads(threads, ncb, (c->B * c->T + N) * D * c->W);
