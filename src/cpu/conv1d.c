@@ -660,7 +660,7 @@ static inline void add_f64(double *restrict acc, gdn_av v) {
 
 /* dx of step s (before the sequence: dh0) for the GDN_AVL channels at d, dht added where it reaches; row: its place in the staging rows */
 static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t L, int64_t s, int d, gdn_av r,
-                            uint16_t *row) {
+                            uint16_t *dx, int64_t row) {
     const int64_t D = c->D;
     const int W = c->W;
     float f[GDN_AVL];
@@ -671,7 +671,7 @@ static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_arg
     }
     if (s >= 0) {
         memcpy(&r, f, sizeof r);
-        gdn_bf16_store_v(row, r);
+        gdn_bf16_store_v(dx + row * c->D, r);   /* formed only here: dx may be NULL where no row is stored */
     } else if (a->dh0) {
         float *h = a->dh0 + (n * D + d) * W + W + s;
         for (int l = 0; l < GDN_AVL; l++) h[(int64_t)l * W] = f[l];
@@ -684,9 +684,11 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
                              int64_t bos, int64_t L, int64_t t0, int64_t t1, int d, gdn_av *restrict q, double *restrict qd, const float *wT,
                              const float *bias, uint16_t *stg) {
     const int64_t D = c->D;
-    const uint16_t *restrict x = (const uint16_t *)a->x + bos * D + d, *restrict dy = (const uint16_t *)a->dy + bos * D + d;
+    /* x, dy and dx are NULL where the call has no tokens (then no row is read or stored) */
+    const int64_t o = bos * D + d;
+    const uint16_t *restrict x = a->x ? (const uint16_t *)a->x + o : NULL, *restrict dy = a->dy ? (const uint16_t *)a->dy + o : NULL;
     /* step t's dx row: staging row t - t0 (stg), or dx's row t - (W - 1) */
-    uint16_t *restrict dx = stg ? stg + d : (uint16_t *)a->dx + bos * D + d;
+    uint16_t *restrict dx = stg ? stg + d : a->dx ? (uint16_t *)a->dx + o : NULL;
     const int64_t r0 = stg ? t0 : W - 1;
     const int64_t s1 = a->dht ? L - W : L;   /* dx rows below s1 take no dht */
     gdn_av wv[WMAX], bv, xh[WMAX - 1], dzh[WMAX - 1], aw[WMAX], ab = q[3 * W - 2];
@@ -726,7 +728,7 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     int64_t t = t0;
     for (; t < t1 && (t < ta || t >= tz); t++) {   /* the first W - 1 steps of a sequence */
         STEP(t < L)
-        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx + (t - r0) * D);
+        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx, t - r0);
     }
     for (; t < tz; t++) {
         STEP(1)
@@ -734,7 +736,7 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     }
     for (; t < t1; t++) {   /* the last steps: dht, or none past L */
         STEP(t < L)
-        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx + (t - r0) * D);
+        bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx, t - r0);
     }
 #undef STEP
     if (te > t0 && (te % SBB == 0 || te == L)) {   /* bwd_sub's sums: fp32 over its sub-block's tokens, then fp64 */
