@@ -12,16 +12,15 @@
  * reads the other ranks' A and checks the value, then the WAR barrier that
  * lets the owners write again:
  *   mode 0: barrier.cluster arrive.relaxed + wait (the library's default)
- *   mode 1: an mbarrier in each block, 8 G arrivals a phase (each warp's
- *           first lane on every block's, the own one release.cta, the remote
- *           ones relaxed.cluster), relaxed try_wait.parity and a restricted
- *           acquire fence (the -DGDN_FUSED_WAR_MBARRIER path)
+ *   mode 1: an mbarrier in each block, 8 G arrivals a phase, by the
+ *           functions -DGDN_FUSED_WAR_MBARRIER uses
+ *           (src/cuda/cluster_mbarrier.cuh)
  *   mode 2: mode 1 without the barrier's wait (a real race: racecheck must
  *           report it, or the model cannot tell anything)
  * Prints the number of wrong values read (0 unless mode 2 races).
  *
  * Build and run on a GPU machine (sm_90a):
- *   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/rcm bench/racecheck_war_model.cu
+ *   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -Isrc -o /tmp/rcm bench/racecheck_war_model.cu
  *   for m in 0 1 2; do compute-sanitizer --tool racecheck --racecheck-report hazard /tmp/rcm $m | tail -2; done
  * Reading: mode 0 and 1 clean, mode 2 reported: racecheck models the
  * mbarrier, and the fused pass's flood is a real question. Mode 1 reported
@@ -31,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include "cuda/cluster_mbarrier.cuh"   /* the option's own arrive and wait */
 
 constexpr int NT = 256, N = 2048, STEPS = 16;
 
@@ -39,36 +39,6 @@ __device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cv
 __device__ __forceinline__ void publish_bar() {
     asm volatile("fence.release.sync_restrict::shared::cta.cluster;\nbarrier.cluster.arrive.relaxed.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_all(uint32_t a) {
-    uint32_t lane;
-    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
-    __syncwarp();
-    if (lane == 0) {
-        uint32_t nb, me;
-        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nb));
-        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(me));
-        for (uint32_t b = 0; b < nb; b++) {
-            if (b == me) {
-                asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
-            } else {
-                uint32_t r;
-                asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-                asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
-            }
-        }
-    }
-}
-__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t par) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.relaxed.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(a), "r"(par)
-                     : "memory");
-    } while (!done);
-    asm volatile("fence.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory");
 }
 
 __global__ void __cluster_dims__(2, 1, 1) model(int mode, unsigned *wrong) {
@@ -99,8 +69,8 @@ __global__ void __cluster_dims__(2, 1, 1) model(int mode, unsigned *wrong) {
         if (mode == 0) {
             asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
         } else {
-            mbar_arrive_all(saddr(&mb));
-            if (mode == 1) mbar_wait(saddr(&mb), (uint32_t)(s & 1));
+            gdn::mbar_cluster_arrive(saddr(&mb));
+            if (mode == 1) gdn::mbar_cluster_wait(saddr(&mb), (uint32_t)(s & 1));
         }
     }
     /* no block exits while another may still read its A or arrive on its barrier */

@@ -52,6 +52,9 @@
 #include <cooperative_groups.h>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
+#ifdef GDN_FUSED_WAR_MBARRIER
+#include "cuda/cluster_mbarrier.cuh"
+#endif
 
 namespace gdn {
 namespace cbwd {
@@ -110,51 +113,17 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
     else asm volatile("barrier.cluster.arrive.relaxed.aligned; // T\nbarrier.cluster.wait.aligned;" ::: "memory");
 }
 /* A bench variant (-DGDN_FUSED_WAR_MBARRIER, bench/gpu_variants.sh): the
- * chunk's last cluster barrier as an mbarrier in each block (FS::MB_W),
- * 12 G arrivals a phase: each warp's first lane, after __syncwarp, arrives on
- * every block's. The own block's arrival releases at CTA scope (its reads of
- * A, B and VR before the next chunk's writes); the remote ones are relaxed
- * (each value read is used before the arrive). The wait is relaxed, then a
- * restricted acquire fence: no CCTL.IVALL, where barrier.cluster.wait always
- * acquires and so invalidates the L1, spilled lines included. The init is
- * published by the kernel's first publishing barrier, before any remote
- * arrival; no block exits while another can still arrive on it (each waits
- * for all 12 G arrivals of the last chunk's phase). par: the chunk's phase.
- * Measured -0.8 to -1.2 % and the same bits, but not the default: racecheck
- * reports ~100x the hazards on it, unexplained yet (bench/NOTES.md v5.34). */
-#ifdef GDN_FUSED_WAR_MBARRIER
-__device__ __forceinline__ void mbar_cluster_arrive(uint32_t a) {
-    uint32_t lane;
-    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
-    __syncwarp();
-    if (lane == 0) {
-        uint32_t nb, me;
-        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nb));
-        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(me));
-#pragma unroll
-        for (uint32_t b = 0; b < 4; b++)
-            if (b < nb) {
-                if (b == me) {
-                    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
-                } else {
-                    uint32_t r;
-                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-                    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
-                }
-            }
-    }
-}
-__device__ __forceinline__ void mbar_cluster_wait(uint32_t a, uint32_t par) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.relaxed.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(a), "r"(par)
-                     : "memory");
-    } while (!done);
-    asm volatile("fence.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory");
-}
-#endif
+ * chunk's last cluster barrier as an mbarrier in each block (FS::MB_W,
+ * cuda/cluster_mbarrier.cuh), 12 G arrivals a phase. The own block's arrival
+ * releases at CTA scope (its reads of A, B and VR before the next chunk's
+ * writes); the remote ones are relaxed (each value read is used before the
+ * arrive); no CCTL.IVALL at the wait, so spilled lines stay in the L1. The
+ * init is published by the kernel's first publishing barrier, before any
+ * remote arrival; no block exits while another can still arrive on it (each
+ * waits for all 12 G arrivals of the last chunk's phase). par: the chunk's
+ * phase. Measured -0.8 to -1.2 % and the same bits, but not the default:
+ * racecheck reports ~100x the hazards on it, unexplained yet (bench/NOTES.md
+ * v5.34). */
 template <int ROLE> __device__ __forceinline__ void war_bar(char *sm, uint32_t par) {
 #ifdef GDN_FUSED_WAR_MBARRIER
     mbar_cluster_arrive(saddr(sm + FS::MB_W));
