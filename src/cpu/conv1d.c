@@ -629,10 +629,7 @@ _Static_assert(SBB % SBW == 0, "a walk of SBW steps closes at most one SBB of su
  * bench/NOTES.md CPU v26). Smaller, dx is stored in place (prefetched for
  * writing): there a repeated call finds part of it in the L3, which
  * streaming would bypass (T4096: 2.7 in place, 3.1 staged). */
-#ifndef BWD_STAGE_MB
-#define BWD_STAGE_MB 32
-#endif
-#define BWD_STAGE_BYTES ((int64_t)BWD_STAGE_MB << 20)
+#define BWD_STAGE_BYTES ((int64_t)32 << 20)
 
 /* the address of row t of a walk's array (D channels a row) for a prefetch:
  * formed as an integer, as it may lie past either end (a prefetch never faults) */
@@ -658,7 +655,9 @@ static inline void add_f64(double *restrict acc, gdn_av v) {
 #endif
 }
 
-/* dx of step s (before the sequence: dh0) for the GDN_AVL channels at d, dht added where it reaches; row: its place in the staging rows */
+/* dx of step s (before the sequence: dh0) for the GDN_AVL channels at d,
+ * dht added where it reaches; stored at row `row` from dx (the walk's base:
+ * a staging row or dx's own) */
 static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_args *a, int64_t n, int64_t L, int64_t s, int d, gdn_av r,
                             uint16_t *dx, int64_t row) {
     const int64_t D = c->D;
@@ -671,7 +670,7 @@ static void bwd_direct_edge(const gdn_conv1d_config *c, const gdn_conv1d_bwd_arg
     }
     if (s >= 0) {
         memcpy(&r, f, sizeof r);
-        gdn_bf16_store_v(dx + row * c->D, r);   /* formed only here: dx may be NULL where no row is stored */
+        gdn_bf16_store_v(dx + row * D, r);   /* formed only here: dx may be NULL where no row is stored */
     } else if (a->dh0) {
         float *h = a->dh0 + (n * D + d) * W + W + s;
         for (int l = 0; l < GDN_AVL; l++) h[(int64_t)l * W] = f[l];
@@ -771,15 +770,14 @@ static void bwd_direct_row_any(int W, const gdn_conv1d_config *c, const gdn_conv
 }
 
 /* vectors v0..v1-1 (one thread) of every sequence; wT the weights by tap,
- * then the bias; stg SBW staging rows of D channels (the thread's columns
- * its own), each block's dx rows copied out whole after its walk (streamed
- * where dx is large: no line of dx read first, none written in part) */
+ * then the bias; stg NULL (dx stored in place) or SBW staging rows of D
+ * channels (the thread's columns its own), each block's dx rows streamed out
+ * whole after its walk (no line of dx read first, none written in part) */
 static void bwd_direct(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_bwd_args *a, int v0, int v1, gdn_av *sv, double *sd,
                        const float *wT, uint16_t *stg) {
     const int W = c->W, D = c->D, nq = bwd_vec_len(W), nd = (W + 1) * GDN_AVL;
     const float *bias = wT + (int64_t)W * D;
     const int64_t c0 = (int64_t)v0 * GDN_AVL, nc = (int64_t)(v1 - v0) * GDN_AVL;
-    const int stage = (c->B * c->T) * (int64_t)D * 2 >= BWD_STAGE_BYTES;
     memset(sd, 0, sizeof(double) * (size_t)nd * (size_t)(v1 - v0));
     for (int64_t n = 0; n < N; n++) {
         const int64_t bos = c->cu_seqlens ? c->cu_seqlens[n] : n * c->T;
@@ -796,8 +794,8 @@ static void bwd_direct(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
         }
         for (int64_t tb = 0; tb < L + W - 1; tb += SBW) {
             const int64_t te = tb + SBW < L + W - 1 ? tb + SBW : L + W - 1;
-            bwd_direct_row_any(W, c, a, n, bos, L, tb, te, v0, v1, sv, sd, wT, bias, stage ? stg : NULL);
-            if (stage)
+            bwd_direct_row_any(W, c, a, n, bos, L, tb, te, v0, v1, sv, sd, wT, bias, stg);
+            if (stg)
                 for (int64_t t = tb; t < te; t++) {   /* step t's dx row, s = t - (W - 1), where 0 <= s < L */
                     const int64_t s = t - (W - 1);
                     if (s >= 0 && s < L)
@@ -825,8 +823,9 @@ int gdn_cpu_conv1d_bwd(int threads, const gdn_conv1d_config *c, int64_t N, const
         float *wT = weights_by_tap(a->weight, a->bias, W, D);
         gdn_av *sv = aligned_alloc(64, sizeof(gdn_av) * (size_t)bwd_vec_len(W) * (size_t)nv);
         double *sd = malloc(sizeof(double) * (size_t)(W + 1) * GDN_AVL * (size_t)nv);
-        uint16_t *stg = aligned_alloc(64, sizeof(uint16_t) * SBW * (size_t)D);   /* SBW * D * 2: a multiple of 64 */
-        if (!wT || !sv || !sd || !stg) { free(wT); free(sv); free(sd); free(stg); return 1; }
+        const int stage = (c->B * c->T) * (int64_t)D * 2 >= BWD_STAGE_BYTES;
+        uint16_t *stg = stage ? aligned_alloc(64, sizeof(uint16_t) * SBW * (size_t)D) : NULL;   /* SBW * D * 2: a multiple of 64 */
+        if (!wT || !sv || !sd || (stage && !stg)) { free(wT); free(sv); free(sd); free(stg); return 1; }
         #pragma omp parallel num_threads(nt)
         {
             int v0, v1;
