@@ -383,26 +383,15 @@ __device__ __forceinline__ void load_64x64(float *dst, int ld, const float *src)
  * where the products feeding it are single tf32 ones, whose rounding is
  * thousands of times fp32's), then through the fused gate (dA_log, ddt_bias partials
  * into p.part, in double); the beta sigmoid chain; stores of dg and dbeta.
- * Every thread of the block calls gate_store; gate_store_t is the same for
- * NT threads numbered t (0 .. NT-1) whose barrier is sync() (the fused
- * pass's two warpgroups). row holds CC floats and pre CC x (CC + 1) doubles
- * of shared memory; gt the inputs GateTok fetched (committed before the
- * callers' last barrier). WIDE (the fused pass, where the gate is on the
- * chunk's start): the warp's row scans side by side and each column's terms
- * loaded together, the same sums in the same order (more registers: the
- * group stage's kernels spill with it). */
-struct BlockSync {
-    __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
-/* probe(k) marks the ends of the gate's steps for the fused pass's profile
- * build (14 the row scan, 15 the column sums, 16 the fused gate's partials) */
-struct NoProbe {
-    __device__ __forceinline__ void operator()(int) const {}
-};
-template <typename S, bool WIDE = false, typename Sync, typename Probe = NoProbe>
-__device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
-                                    int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1], int t,
-                                    const Sync &sync, const Probe &probe = Probe()) {
+ * Every thread of the block calls it. row holds CC floats and pre
+ * CC x (CC + 1) doubles of shared memory; gt the inputs GateTok fetched
+ * (committed before the caller's last barrier). (The fused pass has its own,
+ * chunk_gate of chunk_bwd_fused.cu: the same sums by their differences.) */
+template <typename S = double>
+__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
+                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1]) {
+    const int t = (int)threadIdx.x;
+    const auto sync = [] { __syncthreads(); };
     const int64_t gi = slot * p.HV + j;
     const int HV = p.HV;
     double(*pre)[CC + 1] = pre_mem;
@@ -413,61 +402,23 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
          * row, two columns a lane), then each column's sum over t' >= t by
          * four threads (every fourth t') and the quad; fixed orders */
         const int lane = t & 31;
-        if constexpr (WIDE) {
-            constexpr int RW = CC / (NT / 32);   /* rows a warp, scanned side by side (rows past c as zeros, not stored) */
-            S a0[RW], a1[RW], in[RW];
-#pragma unroll
-            for (int i = 0; i < RW; i++) {
-                const int tp = (t >> 5) + i * (NT / 32);
-                a0[i] = tp < c && 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0);
-                a1[i] = tp < c && 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
-                in[i] = a0[i] + a1[i];
-            }
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1)
-#pragma unroll
-                for (int i = 0; i < RW; i++) {
-                    const S y = __shfl_up_sync(0xffffffffu, in[i], o);
-                    if (lane >= o) in[i] += y;
-                }
-#pragma unroll
-            for (int i = 0; i < RW; i++) {
-                const int tp = (t >> 5) + i * (NT / 32);
-                const S e = __shfl_up_sync(0xffffffffu, in[i], 1), ex = lane == 0 ? S(0) : e;
-                if (tp < c) {
-                    ps[tp][2 * lane] = ex;
-                    ps[tp][2 * lane + 1] = ex + a0[i];
-                }
-            }
-        } else
-            for (int tp = t >> 5; tp < c; tp += NT / 32) {
-                const S a0 = 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0), a1 = 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
-                const S ex = warp_pair_scan(a0, a1);
-                ps[tp][2 * lane] = ex;
-                ps[tp][2 * lane + 1] = ex + a0;
-            }
-        probe(14);
+        for (int tp = t >> 5; tp < c; tp += NT / 32) {
+            const S a0 = 2 * lane < c ? (S)Rg[tp * ldr + 2 * lane] : S(0), a1 = 2 * lane + 1 < c ? (S)Rg[tp * ldr + 2 * lane + 1] : S(0);
+            const S ex = warp_pair_scan(a0, a1);
+            ps[tp][2 * lane] = ex;
+            ps[tp][2 * lane + 1] = ex + a0;
+        }
         sync();
         {
             const int col = t >> 2, q = t & 3;
             S acc = 0;
-            if constexpr (WIDE) {
-                S v[CC / 4];   /* the terms loaded together, then summed in the same order (+0 past c) */
-#pragma unroll
-                for (int i = 0; i < CC / 4; i++) {
-                    const int tp = col + q + 4 * i;
-                    v[i] = col < c && tp < c ? (S)dgc[tp] + ps[tp][col] : S(0);
-                }
-#pragma unroll
-                for (int i = 0; i < CC / 4; i++) acc += v[i];
-            } else if (col < c)
+            if (col < c)
                 for (int tp = col + q; tp < c; tp += 4) acc += (S)dgc[tp] + ps[tp][col];
             acc += __shfl_xor_sync(0xffffffffu, acc, 1);
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);
             if (q == 0 && col < c) row[col] = (float)acc;
         }
         sync();
-        probe(15);
         if (p.flags & GDN_GATE_FUSED) {
             /* token t by thread t; the partials summed over the tokens by a
              * fixed tree (shuffles in each of the two warps, then warp 0 + warp 1) */
@@ -493,7 +444,6 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
                 p.part[p.nslots * HV + gi] = pre[1][0] + pre[1][1];
             }
         }
-        probe(16);
         if (t < c) gdn::st(p.dg, (row0 + t) * HV + j, row[t], p.gdt);
     }
     if (t < c) {
@@ -505,11 +455,6 @@ __device__ inline void gate_store_t(const BwdArgs &p, int64_t slot, int j, int64
         }
         gdn::st(p.dbeta, (row0 + t) * HV + j, db, p.gdt);
     }
-}
-template <typename S = double>
-__device__ inline void gate_store(const BwdArgs &p, int64_t slot, int j, int64_t row0, int c, const float *gt, const float *Rg,
-                                  int ldr, const float *dgc, const float *dbeta, float *row, double (*pre_mem)[CC + 1]) {
-    gate_store_t<S>(p, slot, j, row0, c, gt, Rg, ldr, dgc, dbeta, row, pre_mem, (int)threadIdx.x, BlockSync());
 }
 
 /* ---- the group stage: per-item scratch (floats, offsets from the item's base) ---- */

@@ -169,7 +169,7 @@ __device__ __forceinline__ int tidx() {
                    fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s w%d at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
-            printf("fused %s w%d start's gate cycles/chunk: scan %lld cols %lld fused %lld stores+BAR_G %lld\n", name, (int)(threadIdx.x >> 5), \
+            printf("fused %s w%d start's gate cycles/chunk: sums %lld barrier %lld scan+partials %lld to BAR_G %lld\n", name, (int)(threadIdx.x >> 5), \
                    fp_[14] / (nch), fp_[15] / (nch), fp_[16] / (nch), fp_[13] / (nch)); \
         }                                                                                                     \
     } while (0)
@@ -415,20 +415,120 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
  * end; every read done). ---- */
 
 /* gate_store of chunk ci by V and T (256 threads): dg, dbeta and the gate's
- * partials from Rg (C), the scalars dgq, dbv, GateTok's gt, prefix sums in D */
+ * partials from Rg (C), the scalars dgq, dbv and GateTok's gt. gate_store's
+ * quadrant sums F(t) = sum_{t' >= t} sum_{s < t} Rg[t'][s] taken by their
+ * differences F(t) - F(t + 1) = sum_{s < t} Rg[t][s] - sum_{t' > t} Rg[t'][t]:
+ * a row and a column sum a token, with no scan between them, then one scan:
+ *   dg_t = sum_{u >= t} d_u,  d_u = dgc_u + sum_{s < u} Rg[u][s] - sum_{t' > u} Rg[t'][u].
+ * Rows by four threads a token (16 terms each, the walk's start turned by the
+ * token so a warp's loads meet no bank twice), columns by 64 threads a
+ * quarter of the rows (column by lane), both summed in a fixed order; the
+ * column quarters (D) and the row sums (row) meet in warp 0, which scans
+ * the 64 terms (two a lane) and forms the fused gate's partials (double, a
+ * fixed tree) and the stores of dg. dbeta by threads t < c meanwhile.
+ * probe(k) marks the profile build's steps: 14 the sums, 15 the barrier,
+ * 16 warp 0's scan and partials. */
+struct NoProbe {
+    __device__ __forceinline__ void operator()(int) const {}
+};
 template <typename Probe = NoProbe>
 __device__ __forceinline__ void chunk_gate(const BwdArgs &p, char *sm, const Walk &w, int64_t ci, const Probe &probe = Probe()) {
     const Sc s(sm);
-    const auto sync = [] { gdn::bar_named(BAR_G, 256); };
-    gate_store_t<float, true>(p, w.sb + ci, w.j, w.row0(ci), w.cnt(ci), s.gt, reinterpret_cast<const float *>(sm + FS::C), CC, s.dgq, s.dbv, s.row,
-                              reinterpret_cast<double(*)[CC + 1]>(sm + FS::D), tidx() - 128, sync, probe);
+    const float *Rg = reinterpret_cast<const float *>(sm + FS::C);
+    float *cq = reinterpret_cast<float *>(sm + FS::D);   /* [4][CC]: the column sums' quarters */
+    const int t = tidx() - 128, c = w.cnt(ci);
+    const int64_t row0 = w.row0(ci), gi = (w.sb + ci) * p.HV + w.j;
+    if (p.g) {
+        {
+            const int u = t >> 2, q = t & 3;
+            float a[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int x = q + 4 * ((i + u) & 15);
+                a[i] = x < u ? Rg[u * CC + x] : 0.f;
+            }
+            float r = 0.f;
+#pragma unroll
+            for (int i = 0; i < 16; i++) r += a[i];
+            r += __shfl_xor_sync(0xffffffffu, r, 1);
+            r += __shfl_xor_sync(0xffffffffu, r, 2);
+            if (q == 0) s.row[u] = r;
+        }
+        {
+            const int u = t & (CC - 1), x0 = 16 * (t >> 6);
+            float b[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int x = x0 + i;
+                b[i] = x > u && x < c ? Rg[x * CC + u] : 0.f;
+            }
+            float cs = 0.f;
+#pragma unroll
+            for (int i = 0; i < 16; i++) cs += b[i];
+            cq[(t >> 6) * CC + u] = cs;
+        }
+    }
+    if (t < c) {
+        float db = s.dbv[t];
+        if (p.flags & GDN_BETA_SIGMOID) {
+            const float m = (p.flags & GDN_BETA_NEGATIVE) ? 2.f : 1.f;
+            const float sg = gdn::sigmoid(s.gt[2 * CC + t]);
+            db *= m * sg * (1.f - sg);
+        }
+        gdn::st(p.dbeta, (row0 + t) * p.HV + w.j, db, p.gdt);
+    }
+    probe(14);
+    if (!p.g) return;
+    gdn::bar_named(BAR_G, 256);
+    probe(15);
+    if (t < 32) {
+        const int e0 = 2 * t, e1 = e0 + 1;
+        const float d0 = e0 < c ? s.dgq[e0] + (s.row[e0] - (((cq[e0] + cq[CC + e0]) + cq[2 * CC + e0]) + cq[3 * CC + e0])) : 0.f;
+        const float d1 = e1 < c ? s.dgq[e1] + (s.row[e1] - (((cq[e1] + cq[CC + e1]) + cq[2 * CC + e1]) + cq[3 * CC + e1])) : 0.f;
+        float in = d0 + d1;   /* the lanes' pairs summed from the last: lane t holds the pairs of lanes >= t */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_down_sync(0xffffffffu, in, o);
+            if (t + o < 32) in += y;
+        }
+        const float nx = __shfl_down_sync(0xffffffffu, in, 1);
+        float g1 = d1 + (t < 31 ? nx : 0.f), g0 = d0 + g1;
+        if (p.flags & GDN_GATE_FUSED) {
+            const float A = s.gt[3 * CC];
+            double sa = 0., sb = 0.;
+            if (e0 < c) {
+                sa = (double)g0 * (double)s.gt[CC + e0];
+                const float x = s.gt[e0];
+                g0 = g0 * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
+                sb = g0;
+            }
+            if (e1 < c) {
+                sa += (double)g1 * (double)s.gt[CC + e1];
+                const float x = s.gt[e1];
+                g1 = g1 * A * (x > 20.f ? 1.f : gdn::sigmoid(x));
+                sb += g1;
+            }
+#pragma unroll
+            for (int o = 16; o; o >>= 1) {
+                sa += __shfl_xor_sync(0xffffffffu, sa, o);
+                sb += __shfl_xor_sync(0xffffffffu, sb, o);
+            }
+            if (t == 0) {
+                p.part[gi] = sa;
+                p.part[p.nslots * p.HV + gi] = sb;
+            }
+        }
+        if (e0 < c) gdn::st(p.dg, (row0 + e0) * p.HV + w.j, g0, p.gdt);
+        if (e1 < c) gdn::st(p.dg, (row0 + e1) * p.HV + w.j, g1, p.gdt);
+    }
+    probe(16);
 }
 
 /* the chunk's common start (every role): fetch, the scalars (T's threads
  * < CC), GateTok's inputs (V's threads < CC), the fetch's mbarriers (rows
  * past c to zero where the TMA brought them), barrier F; probes (the
  * profile build) 12 after the fetch's issue, 14-16 in the last chunk's
- * gate (gate_store_t), 13 after it, 10 after the scalars, 11 after the
+ * gate (chunk_gate), 13 after it, 10 after the scalars, 11 after the
  * mbarriers. With S0
  * as the bf16 tile (st16) there is no barrier F: S waits for S0's
  * mbarrier alone and forms S0 . dS and dS's tile while the rest lands, and
