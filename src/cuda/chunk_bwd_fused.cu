@@ -26,7 +26,7 @@
  * (dTm = dU X^T is dWk Bk^T + dU Bv^T of chunk_bwd.c, X being Bv - Bk S0;
  * dBk = Tm^T dWk is -dBv S0^T: neither needs dWk.) Then dQc, dKc meet the
  * other value heads' in the cluster (G blocks), dq and dk leave through
- * the L2 norm chain (summed by S), and gate_store forms dg, dbeta and the
+ * the L2 norm chain (summed by S), and chunk_gate forms dg, dbeta and the
  * gate's partials (by V and T meanwhile), as the local stage does.
  *
  * Operands: q, k, v, dO raw (exact in bf16; rstd as row scales); Tm, P, S0,
@@ -41,7 +41,7 @@
  *      (and dht / dh0 on their way in and out, around the chunks)
  *   B: dS (bf16) | dQc (fp32) for the cluster's sums
  *   C: S0 fp32 staging (with D; without st16) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
- *   D: S0 staging | dU, then dBv (hi + lo) | gate_store's prefix sums
+ *   D: S0 staging | dU, then dBv (hi + lo) | the gate's column sums
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S)
  *   ET (10 KB): exp(g_t - g_u) of V's P3 and P4 pair loops, formed by S in P2
@@ -414,7 +414,7 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
  * sum the rows, V and T after the gate's gradients where they are in the
  * end; every read done). ---- */
 
-/* gate_store of chunk ci by V and T (256 threads): dg, dbeta and the gate's
+/* the gate of chunk ci by V and T (256 threads): dg, dbeta and the gate's
  * partials from Rg (C), the scalars dgq, dbv and GateTok's gt. gate_store's
  * quadrant sums F(t) = sum_{t' >= t} sum_{s < t} Rg[t'][s] taken by their
  * differences F(t) - F(t + 1) = sum_{s < t} Rg[t][s] - sum_{t' > t} Rg[t'][t]:
@@ -538,7 +538,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
-    if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads gate_store's inputs, T's the scalars */
+    if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads the gate's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
         fetch<ROLE, TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
         probe(12);
