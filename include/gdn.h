@@ -97,7 +97,11 @@ typedef struct gdn_exec {
  *     v          16-byte aligned when V % 8 == 0 (the same)
  *     o          16-byte aligned when V % 8 == 0 (rows stored 16 bytes at a time)
  *     workspace  16-byte aligned
- * and gdn_chunk_bwd a 16-byte aligned workspace. Every other vector access
+ * and gdn_chunk_bwd (bf16 / f16) the same of q, k, v and of
+ *     dq, dk     16-byte aligned when K % 8 == 0
+ *     dout, dv   16-byte aligned when V % 8 == 0
+ *     workspace  16-byte aligned (f32 too)
+ * (its workspace is sized for kernels that take 16-byte rows). Every other vector access
  * (the layer ops, the decode step's state, the TMA) is chosen at dispatch
  * from the shape and the alignment, with a narrower path for the rest.
  * cudaMalloc gives 256 bytes; a view at an element offset may break a rule.

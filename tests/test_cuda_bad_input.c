@@ -157,7 +157,8 @@ static void chunk_align_fallback(rng *r) {
     free(q); free(k); free(v); free(g); free(b); free(h0);
 }
 
-/* chunk backward, bf16: every pointer its elements, the workspace 16 bytes */
+/* chunk backward, bf16, K = 32, V = 48: q, k, dq, dk and v, dout, dv need 16
+ * bytes (K, V multiples of 8), the workspace 16, every other pointer its elements */
 static void chunk_bwd_align_bad_input(void) {
     enum { B = 1, T = 100, H = 2, HV = 4, K = 32, V = 48 };
     int64_t cu[3 + AL_SLACK / 8] = {0, 40, T};   /* + the slack the device copy has */
@@ -177,7 +178,7 @@ static void chunk_bwd_align_bad_input(void) {
                                .saved_bytes = sv, .dout = in, .dq = dq, .dk = dk, .dv = dv, .dg = dg, .dbeta = db,
                                .dA_log = (float *)dA, .ddt_bias = (float *)dd, .dh0 = (float *)dh0, .workspace = ws,
                                .workspace_bytes = nws};
-    for (int cs = 0; cs < 9; cs++) {
+    for (int cs = 0; cs < 13; cs++) {
         gdn_config cc = c;
         gdn_bwd_args a = good;
         const char *what = "", *name = "";
@@ -190,6 +191,10 @@ static void chunk_bwd_align_bad_input(void) {
         case 5: a.dh0 = al_off(dh0, 2); what = "dh0 2 bytes off"; name = "dh0"; break;
         case 6: a.saved = al_off(in, 2); what = "saved 2 bytes off"; name = "saved"; break;
         case 7: a.workspace = al_off(ws, 8); what = "workspace 8 bytes off 16"; name = "workspace"; break;
+        case 8: a.dout = al_off(in, 2); what = "dout 2 bytes off 16 (V % 8 == 0)"; name = "dout"; break;
+        case 9: a.dk = al_off(dk, 2); what = "dk 2 bytes off 16 (K % 8 == 0)"; name = "dk"; break;
+        case 10: a.dv = al_off(dv, 8); what = "dv 8 bytes off 16 (V % 8 == 0)"; name = "dv"; break;
+        case 11: a.k = al_off(in, 4); what = "k 4 bytes off 16 (K % 8 == 0)"; name = "k"; break;
         default:
             cc = cv; cc.cu_seqlens_dev = al_off(dcu, 4); a.workspace_bytes = nwsv;
             what = "cu_seqlens_dev 4 bytes off (not an int64 element)"; name = "cu_seqlens_dev"; break;

@@ -90,7 +90,8 @@ class Ctx:
         return np.empty(n, dtype=np.uint8)
 
     def arg(self, x, name, shape=None, code=None, codes=None, optional=False):
-        """Check one argument: same array library and device, dtype, shape; contiguous copy if strided."""
+        """Check one argument: same array library and device, dtype, shape; contiguous copy if strided
+        or, on a GPU, not 16-byte aligned (the CUDA kernels' rows: gdn.h, "Alignment")."""
         if x is None:
             if optional:
                 return None
@@ -113,7 +114,10 @@ class Ctx:
         if shape is not None and tuple(x.shape) != tuple(shape):
             raise GdnArgumentError(f"{name}: shape {tuple(x.shape)}, expected {tuple(shape)}")
         if self.torch:
-            return x.contiguous()
+            x = x.contiguous()
+            if x.is_cuda and x.data_ptr() % 16:
+                x = x.clone()
+            return x
         return np.ascontiguousarray(x)
 
 

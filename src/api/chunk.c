@@ -56,6 +56,7 @@ size_t gdn_chunk_bwd_workspace_size(const gdn_exec *ex, const gdn_config *cfg) {
 #define ROWS16_Q "K is a multiple of 8: the chunk kernels load its rows 16 bytes at a time (cp.async, the TMA)"
 #define ROWS16_V "V is a multiple of 8: the chunk kernels load its rows 16 bytes at a time (cp.async, the TMA)"
 #define ROWS16_O "V is a multiple of 8: the chunk kernels store its rows 16 bytes at a time"
+#define ROWS16_DQK "K is a multiple of 8: the chunk kernels store its rows 16 bytes at a time"
 
 /* the pointers of the forward (chunked: gdn_chunk_fwd, else gdn_recurrent_fwd) */
 gdn_status gdn_cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_fwd_args *a, int chunked) {
@@ -86,13 +87,17 @@ gdn_status gdn_cuda_align_fwd(const gdn_exec *ex, const gdn_plan *p, const gdn_f
 gdn_status gdn_cuda_align_bwd(const gdn_exec *ex, const gdn_plan *p, const gdn_bwd_args *a) {
     const gdn_config *c = &p->c;
     const size_t es = gdn_dtype_size(c->dtype), gs = gdn_dtype_size(c->gate_dtype);
-    GDN_ALIGNED(a->q, es, GDN_ELEM);
-    GDN_ALIGNED(a->k, es, GDN_ELEM);
-    GDN_ALIGNED(a->v, es, GDN_ELEM);
-    GDN_ALIGNED(a->dout, es, GDN_ELEM);
-    GDN_ALIGNED(a->dq, es, GDN_ELEM);
-    GDN_ALIGNED(a->dk, es, GDN_ELEM);
-    GDN_ALIGNED(a->dv, es, GDN_ELEM);
+    /* bf16 / f16: the forward's rule for q, k, v, and the same for the rows the
+     * backward reads and writes beside them (its workspace is sized for the
+     * kernels that take 16-byte rows: the fused pass keeps no state gradients) */
+    const int tc = c->dtype != GDN_F32, qk16 = tc && c->K % 8 == 0, v16 = tc && c->V % 8 == 0;
+    GDN_ALIGNED(a->q, qk16 ? 16 : es, qk16 ? ROWS16_Q : GDN_ELEM);
+    GDN_ALIGNED(a->k, qk16 ? 16 : es, qk16 ? ROWS16_Q : GDN_ELEM);
+    GDN_ALIGNED(a->v, v16 ? 16 : es, v16 ? ROWS16_V : GDN_ELEM);
+    GDN_ALIGNED(a->dout, v16 ? 16 : es, v16 ? ROWS16_V : GDN_ELEM);
+    GDN_ALIGNED(a->dq, qk16 ? 16 : es, qk16 ? ROWS16_DQK : GDN_ELEM);
+    GDN_ALIGNED(a->dk, qk16 ? 16 : es, qk16 ? ROWS16_DQK : GDN_ELEM);
+    GDN_ALIGNED(a->dv, v16 ? 16 : es, v16 ? ROWS16_O : GDN_ELEM);
     GDN_ALIGNED(a->g, gs, GDN_ELEM);
     GDN_ALIGNED(a->beta, gs, GDN_ELEM);
     GDN_ALIGNED(a->dg, gs, GDN_ELEM);

@@ -209,8 +209,17 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
     return 0;
 }
 
+/* the fused pass runs (run's `fused`): its shape, from the plan alone; its
+ * pointers' 16-byte rows are the API's rule for bf16 (gdn_cuda_align_bwd),
+ * so the workspace keeps no state gradients for it */
+bool fused_plan(const gdn_plan *pl) {
+    const gdn_config *c = &pl->c;
+    return c->dtype == GDN_BF16 && c->K == 128 && c->V == 128 && pl->G <= 4 && use_local(c->K, pl->G) && local_cluster(c->K, pl->G);
+}
+
 /* the workspace: the slot table, records, states, dstates (one window's, or
- * every chunk's), the windows' carried state gradient, partials and the local
+ * every chunk's; with the fused pass only the forward states' records that
+ * stay there till the reverse sweep would write it), the windows' carried state gradient, partials and the local
  * stage's scratch of the (segmented) view; with the split, its tables, the
  * h0 / dht / dS rows of every segment and the forward's pass-1 maps */
 struct WsLayout {
@@ -232,18 +241,19 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     const gdn_config *c = &pl->c;
     const size_t ns = (size_t)nslots_of(pl), items = ns * c->HV, kv = (size_t)c->K * c->V;
     const size_t witems = (size_t)l.Ns * l.wn * c->HV;   /* a window's */
-    l.dstates_bytes = (l.wn ? witems : items) * kv * sizeof(float);   /* one window, or all */
+    const bool fused = fused_plan(pl_in);
+    l.dstates_bytes = fused ? 0 : (l.wn ? witems : items) * kv * sizeof(float);   /* one window, or all */
     l.rw = 0;
-    if (l.wn) {   /* the forward states' records go there first (fwd_states): room for them, as without windows */
+    if (l.wn || fused) {   /* the forward states' records go there first (fwd_states): room for them, as without windows */
         gdn_plan fv = view;
         if (l.sc && fv.max_len > (int64_t)l.sc * CC) fv.max_len = (int64_t)l.sc * CC;
         size_t fr = gdn_cuda_chunk_states_ws(&fv, 0);
-        const bool fs = c->dtype != GDN_F32 && fr <= items * kv * sizeof(float);   /* fwd_states takes the shape */
+        const bool fs = c->dtype != GDN_F32 && (fused || fr <= items * kv * sizeof(float));   /* fwd_states takes the shape */
         /* the records and the forward states a window at a time too, where nothing reads them
          * before the windows: the forward states from the chunk forward's kernels (fwd_sweep reads
          * records), no split (its dS sweep and context parallel's parts read every record first).
          * The states of a window then start from its checkpoint (fwd_states, ckpt_at) */
-        l.rw = fs && !l.sc;
+        l.rw = l.wn && fs && !l.sc;
         if (l.rw) fr = gdn_cuda_chunk_states_ws(&fv, l.wn);
         if (fs && fr > l.dstates_bytes) l.dstates_bytes = fr;
     }
@@ -385,6 +395,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
         return e;
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
     const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
+    if (fused != fused_plan(pl)) return cudaErrorMisalignedAddress;   /* the workspace assumes it (gdn_cuda_align_bwd's rule) */
     if (fused && (e = Fused::attr()) != cudaSuccess) return e;
     /* the records' Tm and P as the fused pass's bf16 tiles where this call
      * writes them and only the fused pass and the transposed sweep read them
