@@ -214,14 +214,16 @@ int64_t window_chunks(const gdn_plan *pl, int sc, int64_t Ns) {
  * so the workspace keeps no state gradients for it */
 bool fused_plan(const gdn_plan *pl) {
     const gdn_config *c = &pl->c;
-    return c->dtype == GDN_BF16 && c->K == 128 && c->V == 128 && pl->G <= 4 && use_local(c->K, pl->G) && local_cluster(c->K, pl->G);
+    return c->dtype == GDN_BF16 && c->K == 128 && c->V == 128 && pl->G <= 4 && use_local(c->K, pl->G) &&
+           local_cluster(c->K, pl->G);
 }
 
 /* the workspace: the slot table, records, states, dstates (one window's, or
- * every chunk's; with the fused pass only the forward states' records that
- * stay there till the reverse sweep would write it), the windows' carried state gradient, partials and the local
- * stage's scratch of the (segmented) view; with the split, its tables, the
- * h0 / dht / dS rows of every segment and the forward's pass-1 maps */
+ * every chunk's; where the fused pass runs, which keeps none, only the
+ * forward states' records that wait there), the windows' carried state
+ * gradient, partials and the local stage's scratch of the (segmented) view;
+ * with the split, its tables, the h0 / dht / dS rows of every segment and
+ * the forward's pass-1 maps */
 struct WsLayout {
     size_t info_c, rec, states, dstates, dstates_bytes, carry, ckpt, part, scr, scu, sseq, first, h0s, dhts, dsl, fws, total;
     int sc, rw;   /* rw: the records and forward states windowed with the state gradients */
