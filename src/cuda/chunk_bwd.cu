@@ -262,7 +262,7 @@ WsLayout ws_layout(const gdn_plan *pl_in, bool allow_split = true) {
     size_t o = al(ns * sizeof(int64_t));
     l.info_c = o; o += al(ns * sizeof(int));
     l.rec = o; o += al((l.rw ? witems : items) * REC * sizeof(float));
-    l.states = o; o += al((l.rw ? witems : items) * kv * sizeof(float));
+    l.states = o; o += al((l.rw ? witems : items) * kv * (fused ? 2 : sizeof(float)));   /* fused: bf16 tiles (st16) */
     l.dstates = o; o += al(l.dstates_bytes);
     l.carry = o; o += l.wn ? al((size_t)l.Ns * c->HV * kv * sizeof(float)) : 0;
     l.ckpt = o; o += l.rw ? al((size_t)(l.nw - 1) * l.Ns * c->HV * kv * sizeof(float)) : 0;   /* windows 1.. */
@@ -301,7 +301,8 @@ enum Part { WHOLE, FRONT, BACK };
  * where the states are windowed (wl.rw), window w's from its checkpoint
  * (ckpt_at; h0 for the first) into `states` at the window's places (or
  * nowhere: NULL) and the state after it into `ht` (or NULL); st16: as the
- * fused pass's bf16 tiles where the kernel can; brec (or NULL): the records
+ * fused pass's bf16 tiles where the kernel can (2: only so, else nothing
+ * queued and 0: the fused pass's states area has room for tiles alone); brec (or NULL): the records
  * from the forward's prep too (p.rec; bf16, K = 128: prep's work), stage as
  * gdn_cuda_chunk_states' (1: that prep alone, 2: the walk after it). 2:
  * queued as tiles; 1: queued; 0: nothing queued, fwd_sweep's job; -1: a
@@ -479,8 +480,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                 return cudaErrorLaunchFailure;   /* ws_layout saw fwd_states take the shape: a launch failed */
         PHASE(2);
     } else if (p.N > 0) {
-        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused, brec, fstage);
-        if (fs < 0) return cudaErrorLaunchFailure;
+        const int fs = fwd_states(pl, a, p, wl, ws, st, -1, nullptr, nullptr, nullptr, 0, fused ? 2 : 0, brec, fstage);
+        if (fs < 0 || (fused && fs != 2)) return cudaErrorLaunchFailure;   /* fused: the states area holds tiles only */
         if (fs == 0 && brec) PrepPass<SPLIT>::launch(p, st);   /* not taken there: the records here */
         p.st16 = fs == 2;
         if (fs == 0) SweepPass<SPLIT>::launch_fwd(p, blocks, st);
@@ -503,8 +504,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.rw = wl.rw;
             WLAP(-1);
             if (wl.rw) {   /* the window's forward states from its checkpoint, then its records (or with them: brec) */
-                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused, brec);
-                if (fs < 1) return cudaErrorLaunchFailure;
+                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused ? 2 : 0, brec);
+                if (fs < 1 || (fused && fs != 2)) return cudaErrorLaunchFailure;
                 q.st16 = fs == 2;
                 WLAP(0);
                 if (!brec) PrepPass<SPLIT>::launch(q, st);

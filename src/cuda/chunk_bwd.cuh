@@ -60,7 +60,7 @@ struct BwdArgs {
      * rows: the fused pass's shared-memory layout), Tm at R_TM, P 8 KB after
      * it, where the fused pass is their only reader (run() in chunk_bwd.cu) */
     int rec16;
-    /* st16: the forward states as bf16 tiles (gdn_cuda_chunk_states' st16:
+    /* st16: the forward states as bf16 tiles, 32 KB apart (gdn_cuda_chunk_states' st16:
      * the fused pass's layout of S0 in shared memory) */
     int st16;
 };
@@ -76,8 +76,9 @@ __device__ __forceinline__ float *dstate_at(const BwdArgs &p, int64_t n, int64_t
 __device__ __forceinline__ float *rec_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
     return p.rec + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * (int64_t)REC;
 }
+/* the state entering chunk i: K V floats, or with st16 the bf16 tile (K V 16-bit values) */
 __device__ __forceinline__ const float *state_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
-    return p.states + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * (int64_t)p.K * p.V;
+    return p.states + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * ((int64_t)p.K * p.V / (p.st16 ? 2 : 1));
 }
 __device__ __forceinline__ void seq_range(const BwdArgs &p, int64_t n, int64_t *bos, int64_t *len) {
     *bos = p.cu ? p.cu[n] : n * p.T;

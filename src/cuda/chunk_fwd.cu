@@ -125,7 +125,9 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
              tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
              tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
     if (p.smode && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences or a window */
+    const bool need16 = p.st16 == 2;   /* required: the caller's states area has room for tiles only */
     p.st16 = p.st16 && tr && p.V == 128;   /* the bf16 tiles from the transposed kernel only */
+    if (need16 && !p.st16) return cudaErrorNotSupported;   /* before any launch */
     if (st16) *st16 = p.st16;
     if (tr) {
         e = StateTPass<E>::attr();

@@ -50,7 +50,8 @@ struct ChunkArgs {
     float *brec;
     int brec16;
     /* st16 (the transposed kernel, V = 128): each state rounded to bf16 in the
-     * backward's fused-pass tile layout (s0_at), 32 KB, instead */
+     * backward's fused-pass tile layout (s0_at), 32 KB apart, instead; 2 on
+     * the way in: required (launch refuses a shape that cannot) */
     int st16;
     /* a window of chunks (wn > 0; pass 0): chunks [w0, w0 + wn) of each
      * sequence, from h0 (the state entering chunk w0, h0's layout) to ht (the

@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             const int64_t row0 = bos + (int64_t)i * CC;
             const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
             if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
-                float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+                float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * ((int64_t)p.K * p.V / (p.st16 ? 2 : 1));   /* tiles: half */
                 if (p.st16) {   /* S as the bf16 tile (V = 128): rows kr, kr + 1 of columns d0, d0 ^ 1 meet in a
                                  * lane pair, the even lane storing row kr's pair, the odd one row kr + 1's */
                     char *sb = reinterpret_cast<char *>(sd);

@@ -74,8 +74,9 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
  * states at [n * wn + i - w0][HV][K][V], ht the states after the window
  * (written only where the window holds a chunk). skip (or NULL): where
  * *skip == skip_val nothing is walked (the forward's checkpoints are there).
- * st16: the states as bf16 where the transposed kernel takes V = 128 (the
- * fused backward pass's layout: chunk_fwd.cuh ChunkArgs::st16). brec (or
+ * st16: the states as bf16 tiles, 32 KB apart, where the transposed kernel
+ * takes V = 128 (the fused backward pass's layout: chunk_fwd.cuh
+ * ChunkArgs::st16); 2: only so (else 0, nothing queued). brec (or
  * NULL; bf16, K = 128): the prep writes the backward's records there too
  * (chunk_bwd.cuh's; Tm and P as the fused pass's bf16 tiles where brec16,
  * else fp32), at the states' places. stage 0: the prep and the walk; 1: the
