@@ -89,9 +89,9 @@ class Ctx:
             return torch.empty(n, dtype=torch.uint8, device=self.device)
         return np.empty(n, dtype=np.uint8)
 
-    def arg(self, x, name, shape=None, code=None, codes=None, optional=False):
+    def arg(self, x, name, shape=None, code=None, codes=None, optional=False, align=True):
         """Check one argument: same array library and device, dtype, shape; contiguous copy if strided
-        or, on a GPU, not 16-byte aligned (the CUDA kernels' rows: gdn.h, "Alignment")."""
+        or, on a GPU with align, not 16-byte aligned (the CUDA kernels' rows: gdn.h, "Alignment")."""
         if x is None:
             if optional:
                 return None
@@ -115,7 +115,7 @@ class Ctx:
             raise GdnArgumentError(f"{name}: shape {tuple(x.shape)}, expected {tuple(shape)}")
         if self.torch:
             x = x.contiguous()
-            if x.is_cuda and x.data_ptr() % 16:
+            if align and x.is_cuda and x.data_ptr() % 16:
                 x = x.clone()
             return x
         return np.ascontiguousarray(x)
@@ -307,7 +307,7 @@ def conv1d_bwd(x, weight, bias, h0, cu_seqlens, cu_seqlens_cpu, silu, dy, dht, w
 
 def check_inplace(ctx, x, name, shape, code):
     """A tensor updated in place: it must already be contiguous, of this dtype and shape."""
-    y = ctx.arg(x, name, shape, code)
+    y = ctx.arg(x, name, shape, code, align=False)   # its elements' alignment is enough (a copy would lose the update)
     if ptr(y) != ptr(x if ctx.torch else np.asarray(x)):
         raise GdnArgumentError(f"{name} is updated in place and must be contiguous")
     return y
