@@ -397,8 +397,8 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
                    : (one ? GrpPass<false>::attr(K, V) : GrpPass<SPLIT>::attr(K, V))) != cudaSuccess)
         return e;
     /* the reverse sweep and the local stage as one pass (chunk_bwd_fused.cu) */
-    const bool fused = one && local && local_cluster(K, p.G) && Fused::takes(p);
-    if (fused != fused_plan(pl)) return cudaErrorMisalignedAddress;   /* the workspace assumes it (gdn_cuda_align_bwd's rule) */
+    const bool fused = fused_plan(pl);   /* the workspace's layout assumes it */
+    if (fused && !Fused::takes(p)) return cudaErrorMisalignedAddress;   /* past gdn_cuda_align_bwd's rule: cannot happen */
     if (fused && (e = Fused::attr()) != cudaSuccess) return e;
     /* the records' Tm and P as the fused pass's bf16 tiles where this call
      * writes them and only the fused pass and the transposed sweep read them

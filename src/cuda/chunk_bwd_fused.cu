@@ -122,8 +122,9 @@ template <int ROLE> __device__ __forceinline__ void cluster_bar_war() {
  * remote arrival; no block exits while another can still arrive on it (each
  * waits for all 12 G arrivals of the last chunk's phase). par: the chunk's
  * phase. Measured -0.8 to -1.2 % and the same bits, but not the default:
- * racecheck reports ~100x the hazards on it, unexplained yet (bench/NOTES.md
- * v5.34). */
+ * racecheck does not see remote mbarrier arrivals (bench/racecheck_war_model.cu
+ * reports correct code like a race), so on this build it could not vouch for
+ * the pass (bench/NOTES.md, stop 50). */
 template <int ROLE> __device__ __forceinline__ void war_bar(char *sm, uint32_t par) {
 #ifdef GDN_FUSED_WAR_MBARRIER
     mbar_cluster_arrive(saddr(sm + FS::MB_W));
