@@ -36,8 +36,8 @@
  * [KR | QR | VR | OR] (64 x 128 bf16, two 64-column blocks each, 128-byte
  * swizzle), TH and PH (Tm, P as bf16), and four 32 KB regions A-D whose
  * contents change over the chunk (phases F, S, P1-P4, end):
- *   A: S0 (bf16, k rows) | tmp (hi + lo), then dKK (fp32) and
- *      (dKK + dKK^T) rk (hi + lo) | dKc (fp32) for the cluster's sums
+ *   A: S0 (bf16, k rows) | tmp (hi + lo), then (dKK + dKK^T) rk
+ *      (hi + lo, A + 16 KB) | dKc (fp32) for the cluster's sums
  *      (and dht / dh0 on their way in and out, around the chunks)
  *   B: dS (bf16) | dQc (fp32) for the cluster's sums
  *   C: S0 fp32 staging (with D; without st16) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
@@ -45,6 +45,8 @@
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S)
  *   ET (10 KB): exp(g_t - g_u) of V's P3 and P4 pair loops, formed by S in P2
+ *   TH + PH after V's last product with Tm (P4): dKK (fp32), V's own, so
+ *      that no other role's stores follow its reads in the chunk
  * The chunk's inputs come by the TMA where it takes them (fetch: one thread
  * issues the copies on two mbarriers, S0's tile first: S starts on it). With
  * the bf16 state tiles (st16) the gate's gradients of a chunk (V and T) run
@@ -87,6 +89,7 @@ struct FS {               /* byte offsets */
 };
 static_assert(FS::bytes <= 227 * 1024, "the fused pass's shared memory fits an SM");
 static_assert(FS::PH == FS::TH + 8192, "Tm and P adjacent: one copy of the record's tiles (rec16)");
+static_assert(FS::PH + 8192 - FS::TH >= CC * CC * (int)sizeof(float), "dKK (fp32) fits TH + PH");
 
 /* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V and T), 5 dKK + dKK^T
  * stored (V and T), 6 the gate (V and T), 7 T's part of dQc in B (V waits) */
@@ -1042,10 +1045,11 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             for (int kk = 0; kk < 8; kk++) wss64<0, 0>(kk_, dk64((sm + FS::KR), kk), dk64((sm + FS::KR), kk), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
-            /* the pairs, branch free: dbeta's sums, Rg, and dKK (lower) into A (tmp's
-             * place) as fp32; then S = (dKK + dKK^T) diag(rk) as hi + lo from it */
-            gdn::bar_named(1, 128);   /* every warp's reads of tmp done: A is written over */
-            float *Rg = reinterpret_cast<float *>((sm + FS::C)), *L = reinterpret_cast<float *>((sm + FS::A));
+            /* the pairs, branch free: dbeta's sums, Rg, and dKK (lower) into TH + PH
+             * (Tm's and P's place) as fp32; then S = (dKK + dKK^T) diag(rk) as hi + lo
+             * from it into A + 16 KB */
+            gdn::bar_named(1, 128);   /* every warp's products with Tm done: TH is written over */
+            float *Rg = reinterpret_cast<float *>((sm + FS::C)), *L = reinterpret_cast<float *>((sm + FS::TH));
             {
                 const float b0 = Sc(sm).bet[r0], b1 = Sc(sm).bet[r1], k0 = Sc(sm).rk[r0], k1 = Sc(sm).rk[r1];
                 const char *et = sm + et_at();
