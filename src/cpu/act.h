@@ -222,4 +222,27 @@ static inline gdn_av gdn_exp_silu_neg_fast_v(gdn_av z) {
 #endif
 }
 
+/* silu(z) for a result rounded to bf16 (the conv1d forward's bf16 rows):
+ * z r, r = vrcp14ps(1 + e), e = exp(-z) as gdn_exp_silu_neg_fast_v forms it
+ * (t = -z log2(e), 2^(t - floor(t)) by a polynomial, 2^floor(t) by
+ * vscalefps) with the polynomial of degree 3 (relative error 7.5e-5), no
+ * division. Relative error below 1.4e-4 (with r's 2^-14), 1/14 of bf16's
+ * half ulp (2^-9): the rounded result is the exact one's but near ties; not
+ * gdn_silu_v's bits. Past the range e is inf (r = 0: silu -> -0) or 0 (r ~ 1:
+ * silu -> z within the bound); a NaN z stays NaN. The division and the
+ * clamped exp were 40 % of the forward's time (bench/NOTES.md CPU v27).
+ * Without AVX512DQ it is gdn_silu_v. */
+static inline gdn_av gdn_silu_bf16_v(gdn_av z) {
+#if defined(__AVX512DQ__) && GDN_AVL == 16
+    const __m512 t = _mm512_mul_ps((__m512)z, _mm512_set1_ps(-1.44269504088896341f));
+    const gdn_av f = (gdn_av)_mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    gdn_av p = f * 0.07802452147006989f + 0.22606715559959412f;
+    p = p * f + 0.6958335638046265f;
+    p = p * f + 0.9999251961708069f;
+    return z * (gdn_av)_mm512_rcp14_ps((__m512)(1.f + (gdn_av)_mm512_scalef_ps((__m512)p, t)));
+#else
+    return gdn_silu_v(z);
+#endif
+}
+
 #endif

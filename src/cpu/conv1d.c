@@ -16,7 +16,8 @@
  * reductions, so the chunking changes no bit). bf16 rows with D a whole
  * number of vectors, past a sequence's first W - 1 tokens, go row by row
  * over all channels, four at a time, every tap read from x (conv_direct_bf16: no row
- * buffer); the rest walks a chunk SB tokens at a time across all channel
+ * buffer); bf16 outputs take the SiLU without a division, within their
+ * rounding (gdn_silu_bf16_v); the rest walks a chunk SB tokens at a time across all channel
  * blocks, i.e. memory row by row, prefetching each block's x rows PFS
  * sub-blocks ahead (where x comes from memory rather than L3, its rows
  * 4 KiB apart otherwise wait on it); a bf16 row of a full channel block goes
@@ -154,7 +155,7 @@ INLINE void conv_rows_bf16(const int W, int nb, const uint16_t *restrict x, uint
         for (int c = 0; c < CB; c += GDN_AVL) {
             gdn_av zv;
             memcpy(&zv, zr + c, sizeof zv);
-            gdn_bf16_store_v(out + c, silu ? gdn_silu_v(zv) : zv);
+            gdn_bf16_store_v(out + c, silu ? gdn_silu_bf16_v(zv) : zv);
         }
         gdn_store16_row(yr, out, CB, stream);
     }
@@ -186,7 +187,7 @@ INLINE void conv_direct_bf16(const int W, int64_t nr, const uint16_t *restrict x
                 memcpy(&wv, wT + w * D + c, sizeof wv);
                 for (int k = 0; k < 4; k++) acc[k] += wv * xv[w + k];
             }
-            for (int k = 0; k < 4; k++) gdn_bf16_store_stream_v(yr + k * D + c, silu ? gdn_silu_v(acc[k]) : acc[k], st);
+            for (int k = 0; k < 4; k++) gdn_bf16_store_stream_v(yr + k * D + c, silu ? gdn_silu_bf16_v(acc[k]) : acc[k], st);
         }
     }
     for (; r < nr; r++) {
@@ -199,7 +200,7 @@ INLINE void conv_direct_bf16(const int W, int64_t nr, const uint16_t *restrict x
                 memcpy(&wv, wT + w * D + c, sizeof wv);
                 acc += wv * gdn_bf16_load_v(xr + (int64_t)(w - (W - 1)) * D + c);
             }
-            gdn_bf16_store_stream_v(yr + c, silu ? gdn_silu_v(acc) : acc, st);
+            gdn_bf16_store_stream_v(yr + c, silu ? gdn_silu_bf16_v(acc) : acc, st);
         }
     }
 }
