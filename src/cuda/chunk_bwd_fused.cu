@@ -81,6 +81,11 @@ struct FS {               /* byte offsets */
 #ifdef GDN_FUSED_WAR_MBARRIER
     static constexpr int MB_W = MB + 16;   /* the bench variant's WAR mbarrier (war_bar) */
 #endif
+    /* the block's Walk (read where used: held in registers across the chunk
+     * loop it was spilled, and each chunk's first reloads went to the L2
+     * behind the card's fetch burst once the cluster barrier had invalidated
+     * the L1; bench/NOTES.md v5.39) */
+    static constexpr int WK = MB + 64;
     /* at SC: gcd (64 doubles), then 64-float arrays (NF of them), GateTok's inputs, a reduction row */
     static constexpr int NF = 17;
     /* ET: exp(g_t - g_u) of the pair loops in V's accumulator order (S forms it in P2) */
@@ -164,11 +169,21 @@ __device__ __forceinline__ int tidx() {
 #ifndef GDN_BWD_PROFILE_MASK   /* 127: each role's first thread; 31 (-DGDN_BWD_PROFILE_MASK=31): every warp's first lane */
 #define GDN_BWD_PROFILE_MASK 127
 #endif
-#define FP_DECL long long fp_[17] = {0}, fa_[17] = {0}, ft_ = clock64(); const long long f0_ = ft_
-#define FP(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0) { const long long t1_ = clock64(); fp_[k] += t1_ - ft_; ft_ = t1_; if (ci == w.top - 3) fa_[k] = t1_ - f0_; } } while (0)
+/* the sums in global memory by fire-and-forget atomics (block 0's warps):
+ * kept in the thread's own arrays they were local memory, which the
+ * cluster barriers' L1 invalidation sent to the L2 and back at every probe
+ * after one (bench/NOTES.md v5.35), timing the probes themselves */
+__device__ unsigned long long g_fp[FT / 32][2][17];
+#define FP_DECL long long ft_ = clock64(); const long long f0_ = ft_
+#define FP(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0) { const long long t1_ = clock64(); atomicAdd(&g_fp[threadIdx.x >> 5][0][k], (unsigned long long)(t1_ - ft_)); if (ci == w.top - 3) g_fp[threadIdx.x >> 5][1][k] = (unsigned long long)(t1_ - f0_); ft_ = clock64(); } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
     do {                                                                                                      \
         if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0 && (nch) > 0) {                       \
+            long long fp_[17], fa_[17];                                                                       \
+            for (int k_ = 0; k_ < 17; k_++) {                                                                 \
+                fp_[k_] = (long long)atomicExch(&g_fp[threadIdx.x >> 5][0][k_], 0ull);                        \
+                fa_[k_] = (long long)atomicExch(&g_fp[threadIdx.x >> 5][1][k_], 0ull);                        \
+            }                                                                                                 \
             printf("fused %s w%d cycles/chunk: start: fetch %lld gate %lld loads %lld wait %lld F %lld | S %lld (S: step %lld) | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s w%d at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
@@ -360,6 +375,7 @@ struct Walk {
     __device__ __forceinline__ int64_t row0(int64_t ci) const { return bos + ci * CC; }
     __device__ __forceinline__ int cnt(int64_t ci) const { return len - ci * CC < CC ? (int)(len - ci * CC) : CC; }
 };
+static_assert(FS::WK % 8 == 0 && FS::WK + (int)sizeof(Walk) <= FS::SC + 512 + (FS::NF - 1) * 256 + 256, "the Walk in the mbarriers' array");
 
 /* dq, dk of the cluster's chunk (rows t < c) from the G blocks' dQc (B) and
  * dKc (A) in fp32: this block's rows [r per, (r + 1) per), summed in rank
@@ -1260,21 +1276,22 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
     seq_range(p, w.n, &w.bos, &w.len);
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
+    if (threadIdx.x == 0) *reinterpret_cast<Walk *>(sm + FS::WK) = w;
     if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB_R); }   /* before the roles' first block barrier */
 #ifdef GDN_FUSED_WAR_MBARRIER
     if (threadIdx.x == 128)   /* published by the first publishing barrier, before any remote arrival */
         asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_W)), "r"(12 * p.G) : "memory");
 #endif
+    __syncthreads();   /* the shared Walk written */
+    const Walk &ws = *reinterpret_cast<const Walk *>(sm + FS::WK);
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     /* 168 registers a thread in every role (dS alone is 128 of S's) */
     if (wg == 0) {
-
-        role_s<TL>(p, fm, sm, w);
+        role_s<TL>(p, fm, sm, ws);
     } else if (wg == 1) {
-        role_v<TL>(p, fm, sm, w);
+        role_v<TL>(p, fm, sm, ws);
     } else {
-
-        role_t<TL>(p, fm, sm, w);
+        role_t<TL>(p, fm, sm, ws);
     }
 }
 
