@@ -208,10 +208,19 @@ static inline gdn_av gdn_expf_silu_neg_v(gdn_av z) {
  * sigmoid is within 1e-38 of 0 or 1). 8 instructions where
  * gdn_expf_silu_neg_v has 11: the conv1d backward -7 % (bench/NOTES.md CPU
  * v25). Without AVX512DQ it is gdn_expf_silu_neg_v. */
+#if defined(__AVX512DQ__) && GDN_AVL == 16
+/* exp(-z) = 2^f 2^floor(t) with t = -z log2(e) (*t) and f = t - floor(t) in
+ * [0, 1) (returned, one vreduceps); the callers take 2^f by a polynomial
+ * and 2^floor(t) by vscalefps(2^f, t) */
+static inline gdn_av gdn_exp_neg_split_v(gdn_av z, __m512 *t) {
+    *t = _mm512_mul_ps((__m512)z, _mm512_set1_ps(-1.44269504088896341f));
+    return (gdn_av)_mm512_reduce_ps(*t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+#endif
 static inline gdn_av gdn_exp_silu_neg_fast_v(gdn_av z) {
 #if defined(__AVX512DQ__) && GDN_AVL == 16
-    const __m512 t = _mm512_mul_ps((__m512)z, _mm512_set1_ps(-1.44269504088896341f));
-    const gdn_av f = (gdn_av)_mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 t;
+    const gdn_av f = gdn_exp_neg_split_v(z, &t);
     gdn_av p = f * 0.013534167781472206f + 0.05201146379113197f;
     p = p * f + 0.2414427548646927f;
     p = p * f + 0.6930038332939148f;
@@ -234,8 +243,8 @@ static inline gdn_av gdn_exp_silu_neg_fast_v(gdn_av z) {
  * Without AVX512DQ it is gdn_silu_v. */
 static inline gdn_av gdn_silu_bf16_v(gdn_av z) {
 #if defined(__AVX512DQ__) && GDN_AVL == 16
-    const __m512 t = _mm512_mul_ps((__m512)z, _mm512_set1_ps(-1.44269504088896341f));
-    const gdn_av f = (gdn_av)_mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 t;
+    const gdn_av f = gdn_exp_neg_split_v(z, &t);
     gdn_av p = f * 0.07802452147006989f + 0.22606715559959412f;
     p = p * f + 0.6958335638046265f;
     p = p * f + 0.9999251961708069f;
