@@ -198,6 +198,16 @@ static inline gdn_av gdn_expf_silu_neg_v(gdn_av z) {
 }
 
 
+#if defined(__AVX512DQ__) && GDN_AVL == 16
+/* exp(-z) = 2^f 2^floor(t) with t = -z log2(e) (*t) and f = t - floor(t) in
+ * [0, 1) (returned, one vreduceps); the callers take 2^f by a polynomial
+ * and 2^floor(t) by vscalefps(2^f, t) */
+static inline gdn_av gdn_exp_neg_split_v(gdn_av z, __m512 *t) {
+    *t = _mm512_mul_ps((__m512)z, _mm512_set1_ps(-1.44269504088896341f));
+    return (gdn_av)_mm512_reduce_ps(*t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+#endif
+
 /* 1 + exp(-z) as the conv1d backward's sigmoid takes it (bf16 inputs),
  * in fewer steps than gdn_expf_silu_neg_v and not its bits: t = -z log2(e),
  * f = t - floor(t) in [0, 1) by one vreduceps, 2^f by a degree-4
@@ -208,15 +218,6 @@ static inline gdn_av gdn_expf_silu_neg_v(gdn_av z) {
  * sigmoid is within 1e-38 of 0 or 1). 8 instructions where
  * gdn_expf_silu_neg_v has 11: the conv1d backward -7 % (bench/NOTES.md CPU
  * v25). Without AVX512DQ it is gdn_expf_silu_neg_v. */
-#if defined(__AVX512DQ__) && GDN_AVL == 16
-/* exp(-z) = 2^f 2^floor(t) with t = -z log2(e) (*t) and f = t - floor(t) in
- * [0, 1) (returned, one vreduceps); the callers take 2^f by a polynomial
- * and 2^floor(t) by vscalefps(2^f, t) */
-static inline gdn_av gdn_exp_neg_split_v(gdn_av z, __m512 *t) {
-    *t = _mm512_mul_ps((__m512)z, _mm512_set1_ps(-1.44269504088896341f));
-    return (gdn_av)_mm512_reduce_ps(*t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-}
-#endif
 static inline gdn_av gdn_exp_silu_neg_fast_v(gdn_av z) {
 #if defined(__AVX512DQ__) && GDN_AVL == 16
     __m512 t;
