@@ -46,7 +46,7 @@
  *      from P3 to the chunk's end, dS's second half (parked by S)
  *   ET (10 KB): exp(g_t - g_u) of V's P3 and P4 pair loops, formed by S in P2
  *   TH + PH after V's last product with Tm (P4): dKK (fp32), V's own, so
- *      that no other role's stores follow its reads in the chunk
+ *      that T's dKc stores into A follow no generic read of V's in P4
  * The chunk's inputs come by the TMA where it takes them (fetch: one thread
  * issues the copies on two mbarriers, S0's tile first: S starts on it). With
  * the bf16 state tiles (st16) the gate's gradients of a chunk (V and T) run
