@@ -169,7 +169,10 @@ __device__ __forceinline__ int tidx() {
 #ifndef GDN_BWD_PROFILE_MASK   /* 127: each role's first thread; 31 (-DGDN_BWD_PROFILE_MASK=31): every warp's first lane */
 #define GDN_BWD_PROFILE_MASK 127
 #endif
-/* the sums in global memory by fire-and-forget atomics (block 0's warps):
+/* one set of lines a launch, its chunks' count first (the gdn command's
+ * first launch is its 256-token slice's: a few chunks, which carry the
+ * kernel's prologue; bench/NOTES.md stop 51). The sums in global memory by
+ * fire-and-forget atomics (block 0's warps):
  * kept in the thread's own arrays they were local memory, which the
  * cluster barriers' L1 invalidation sent to the L2 and back at every probe
  * after one (bench/NOTES.md v5.35), timing the probes themselves */
@@ -184,7 +187,7 @@ __device__ unsigned long long g_fp[FT / 32][2][17];
                 fp_[k_] = (long long)atomicExch(&g_fp[threadIdx.x >> 5][0][k_], 0ull);                        \
                 fa_[k_] = (long long)atomicExch(&g_fp[threadIdx.x >> 5][1][k_], 0ull);                        \
             }                                                                                                 \
-            printf("fused %s w%d cycles/chunk: start: fetch %lld gate %lld loads %lld wait %lld F %lld | S %lld (S: step %lld) | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
+            printf("fused %s w%d (%lld chunks) cycles/chunk: start: fetch %lld gate %lld loads %lld wait %lld F %lld | S %lld (S: step %lld) | P1 %lld | P2 %lld | P3 %lld | P4 %lld | end: cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), (long long)(nch), \
                    fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s w%d at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
