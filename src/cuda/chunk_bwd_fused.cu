@@ -319,7 +319,11 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
     void *mb0 = sm + FS::MB, *mb = sm + FS::MB_R;
     if (ROLE == 1 && t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {   /* V's first thread (ROLE known at compile time: no copy of this in T) */
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
+#ifndef GDN_FUSED_S0_BY_S
         if (TL || p.st16) {   /* S0 first: S's first step needs it alone */
+#else
+        if (false) {   /* S0's tile issued by S (chunk_start) */
+#endif
             cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
             if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), mb0);
             else cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
@@ -561,6 +565,16 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
+#ifdef GDN_FUSED_S0_BY_S   /* bench variant: S0's bf16 tile issued by S's first thread as soon as it passes the chunk's last barrier (S waits on it first) */
+    if constexpr (ROLE == 0)
+        if ((TL || p.st16) && tid == 0) {
+            const float *S0 = state_at(p, w.n, slot, ci, w.j);
+            cfwd::fence_async_smem();
+            cfwd::mb_expect(sm + FS::MB, fetch_tx0<TL>(p));
+            if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), sm + FS::MB);
+            else cfwd::bulk_copy(sm + FS::A, S0, 32768, sm + FS::MB);
+        }
+#endif
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads the gate's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
         fetch<ROLE, TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
