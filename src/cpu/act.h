@@ -238,8 +238,10 @@ static inline gdn_av gdn_exp_silu_neg_fast_v(gdn_av z) {
  * vscalefps) with the polynomial of degree 3 (relative error 7.5e-5), no
  * division. Relative error below 1.4e-4 (with r's 2^-14), 1/14 of bf16's
  * half ulp (2^-9): the rounded result is the exact one's but near ties; not
- * gdn_silu_v's bits. Past the range e is inf (r = 0: silu -> -0) or 0 (r ~ 1:
- * silu -> z within the bound); a NaN z stays NaN. The division and the
+ * gdn_silu_v's bits. Past the range e is inf (r = 0: silu -> -0, where
+ * gdn_silu_v's clamp gives z / (1 + e^88), -6e-9 at z = -1e30) or 0 (r ~ 1:
+ * silu -> z within the bound, +inf at +inf); a NaN z stays NaN and -inf
+ * gives NaN (-inf x 0, as IEEE's silu). The division and the
  * clamped exp were 40 % of the forward's time (bench/NOTES.md CPU v27).
  * Without AVX512DQ it is gdn_silu_v. */
 static inline gdn_av gdn_silu_bf16_v(gdn_av z) {
