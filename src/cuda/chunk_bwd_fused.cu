@@ -312,11 +312,18 @@ template <bool TL> __device__ __forceinline__ void tiles_copy(const BwdArgs &p, 
     if constexpr (TL) cfwd::tma_byte_rows(sm + FS::TH, &fm.tr, (int)((rec + R_TM - p.rec) / 64), mb);
     else cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
 }
+/* S0's bf16 tile into A on the fetch's first mbarrier (FS::MB), its bytes expected there */
+template <bool TL> __device__ __forceinline__ void s0_copy(const BwdArgs &p, const FusedMaps &fm, char *sm, const float *S0) {
+    void *mb0 = sm + FS::MB;
+    cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
+    if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), mb0);
+    else cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
+}
 template <int ROLE, bool TL>
 __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, char *sm, int64_t row0, int c, int h, int j, const float *S0,
                                       const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
-    void *mb0 = sm + FS::MB, *mb = sm + FS::MB_R;
+    void *mb = sm + FS::MB_R;
     if (ROLE == 1 && t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {   /* V's first thread (ROLE known at compile time: no copy of this in T) */
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
 #ifndef GDN_FUSED_S0_BY_S
@@ -324,9 +331,7 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
 #else
         if (false) {   /* S0's tile issued by S (chunk_start) */
 #endif
-            cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
-            if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), mb0);
-            else cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
+            s0_copy<TL>(p, fm, sm, S0);
         }
         if (fetch_tx1<TL>(p, fm)) cfwd::mb_expect(mb, fetch_tx1<TL>(p, fm));
         if (fm.on) {   /* in the order P1 reads them: k, Tm and P, v, dO; q last */
@@ -570,9 +575,7 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
         if ((TL || p.st16) && tid == 0) {
             const float *S0 = state_at(p, w.n, slot, ci, w.j);
             cfwd::fence_async_smem();
-            cfwd::mb_expect(sm + FS::MB, fetch_tx0<TL>(p));
-            if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), sm + FS::MB);
-            else cfwd::bulk_copy(sm + FS::A, S0, 32768, sm + FS::MB);
+            s0_copy<TL>(p, fm, sm, S0);
         }
 #endif
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads the gate's inputs, T's the scalars */
