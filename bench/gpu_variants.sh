@@ -8,8 +8,6 @@
 # Build options of the kernels that exist for this comparison:
 #   war=-DGDN_FUSED_WAR_MBARRIER       the fused backward's WAR cluster barrier
 #                                      as an mbarrier (src/cuda/chunk_bwd_fused.cu)
-#   s0s=-DGDN_FUSED_S0_BY_S            the fused backward's S0 tile issued by S's
-#                                      first thread (bench/NOTES.md stop 51; unmeasured)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-tests}; shift || true

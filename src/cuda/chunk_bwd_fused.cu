@@ -47,8 +47,9 @@
  *   ET (10 KB): exp(g_t - g_u) of V's P3 and P4 pair loops, formed by S in P2
  *   TH + PH after V's last product with Tm (P4): dKK (fp32), V's own, so
  *      that T's dKc stores into A follow no generic read of V's in P4
- * The chunk's inputs come by the TMA where it takes them (fetch: one thread
- * issues the copies on two mbarriers, S0's tile first: S starts on it). With
+ * The chunk's inputs come by the TMA where it takes them (fetch: V's first
+ * thread issues the rows' and records' copies on one mbarrier; S's first
+ * thread S0's tile on another as it starts the chunk: S starts on it). With
  * the bf16 state tiles (st16) the gate's gradients of a chunk (V and T) run
  * at the next chunk's start, while its inputs land. */
 #include <cooperative_groups.h>
@@ -292,12 +293,12 @@ struct FusedMaps {
     CUtensorMap s0, tr;   /* states and records as 256-byte rows: S0's bf16 tile (128 rows), Tm and P's (64) */
     int on, bt;           /* bt: s0, tr valid (the tile mode's instance takes its tiles by them) */
 };
-/* the chunk's inputs through the TMA where it takes them (one thread issues
- * every copy), S0's tile completing on FS::MB, the rest on FS::MB_R: the rows of k, q (head h), v,
- * dO (value head j) as two 64-column boxes each (fm.on), S0 as the bf16 tile
- * into A (st16) and Tm, P as the record's bf16 tiles (rec16), in the tile
- * mode's instance (TL) as rows of 256 bytes by the tensor path, else by bulk
- * copies;
+/* the chunk's inputs through the TMA where it takes them (V's first thread
+ * issues the copies, completing on FS::MB_R; S0's bf16 tile into A (st16)
+ * is S's, on FS::MB: s0_copy in chunk_start): the rows of k, q (head h), v,
+ * dO (value head j) as two 64-column boxes each (fm.on) and Tm, P as the
+ * record's bf16 tiles (rec16), in the tile mode's instance (TL) as rows of
+ * 256 bytes by the tensor path, else by bulk copies;
  * the rest by cp.async, one commit group (rows past c zero): the rows (not
  * fm.on), S0 in fp32 (k-first) into C and D (f32_at: 128 rows of 512
  * bytes, 16-byte pieces swizzled by the row), Tm and P from the record's
@@ -324,16 +325,9 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
                                       const float *rec) {
     const int t2 = tidx() - 128;   /* the V and T warpgroups: 256 threads */
     void *mb = sm + FS::MB_R;
-    if (ROLE == 1 && t2 == 0 && (fetch_tx0<TL>(p) || fetch_tx1<TL>(p, fm))) {   /* V's first thread (ROLE known at compile time: no copy of this in T) */
+    if (ROLE == 1 && t2 == 0 && fetch_tx1<TL>(p, fm)) {   /* V's first thread (ROLE known at compile time: no copy of this in T) */
         cfwd::fence_async_smem();   /* the buffers' generic reads and writes before the copies' writes */
-#ifndef GDN_FUSED_S0_BY_S
-        if (TL || p.st16) {   /* S0 first: S's first step needs it alone */
-#else
-        if (false) {   /* S0's tile issued by S (chunk_start) */
-#endif
-            s0_copy<TL>(p, fm, sm, S0);
-        }
-        if (fetch_tx1<TL>(p, fm)) cfwd::mb_expect(mb, fetch_tx1<TL>(p, fm));
+        cfwd::mb_expect(mb, fetch_tx1<TL>(p, fm));
         if (fm.on) {   /* in the order P1 reads them: k, Tm and P, v, dO; q last */
             const int r = (int)row0;
 #pragma unroll
@@ -570,14 +564,14 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
     const Sc s(sm);
     const int tid = tidx(), c = w.cnt(ci);
     const int64_t row0 = w.row0(ci), slot = w.sb + ci;
-#ifdef GDN_FUSED_S0_BY_S   /* bench variant: S0's bf16 tile issued by S's first thread as soon as it passes the chunk's last barrier (S waits on it first) */
+    /* S0's bf16 tile: issued by S's first thread as soon as it passes the chunk's last barrier (S waits on it first; by V's among
+     * the fetch's copies it landed later: bench/NOTES.md v5.41) */
     if constexpr (ROLE == 0)
         if ((TL || p.st16) && tid == 0) {
             const float *S0 = state_at(p, w.n, slot, ci, w.j);
             cfwd::fence_async_smem();
             s0_copy<TL>(p, fm, sm, S0);
         }
-#endif
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads the gate's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
         fetch<ROLE, TL>(p, fm, sm, row0, c, w.h, w.j, state_at(p, w.n, slot, ci, w.j), rec);
