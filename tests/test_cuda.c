@@ -538,7 +538,11 @@ static void bwd_dev_free(bwd_dev *d) {
  * them alone (too few items for windows), whole sequences (seq_split 1) and
  * the same kernels otherwise; every gradient of sequence 0 and its dh0 the
  * same bits, the four sequences' outputs all written. The batch must take
- * the windows: its workspace under 3.875 times the one sequence's. */
+ * the windows: its workspace under 3.875 times the one sequence's. Where
+ * the forward keeps the last windows' states as tiles in saved (bf16, K = V
+ * = 128: gdn_saved_keep, src/common/saved.c) its tag says so, and the
+ * backward does read them: with the tiles zeroed (their tag kept) the
+ * gradients change. */
 static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned flags, uint64_t seed) {
     rng r;
     rng_seed(&r, seed);
@@ -551,20 +555,29 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
     bwd_dev d = bwd_dev_make(&r, dt, nq, nv, ng, ns, HV);
     const size_t sizes[6] = {nq, nq, nv, ng, ng, ns}, esz[6] = {dsz, dsz, dsz, 4, 4, 4};
     const char *names[6] = {"dq", "dk", "dv", "da", "db", "dh0"};
-    void *out[3][6] = {{NULL}}, *host[3][6] = {{NULL}}, *dAl = NULL, *ddtb = NULL;   /* dA_log, ddt_bias: sums over every sequence, not compared */
+    void *out[4][6] = {{NULL}}, *host[4][6] = {{NULL}}, *dAl = NULL, *ddtb = NULL;   /* dA_log, ddt_bias: sums over every sequence, not compared */
     cudaMalloc(&dAl, 4 * HV); cudaMalloc(&ddtb, 4 * HV);
-    size_t wbs[3] = {0, 0, 0};
+    size_t wbs[4] = {0, 0, 0, 0};
+    gdn_config c4 = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
+    const gdn_saved_layout sl = gdn_saved_at(&c4, (void *)(uintptr_t)4096);   /* offsets only */
+    const int keeps = sl.keep != NULL;
+    const size_t tag_off = sl.ckpt_tag ? (size_t)((char *)sl.ckpt_tag - (char *)(uintptr_t)4096) : 0,
+                 keep_off = keeps ? (size_t)(sl.keep - (char *)(uintptr_t)4096) : 0;
+    check(keeps == (dt == GDN_BF16 && K == 128 && V == 128), ctx, "saved keeps %s state tiles", keeps ? "" : "no");
     gdn_exec ex = cuda_ex;
     ex.seq_split = 1;
     int ok = 1;
-    /* 0: the four sequences (the backward's windows start from the forward's checkpoints), 1: the
-     * first alone (no windows), 2: the four again after a forward cut into segments (which keeps no
-     * checkpoints: the backward walks to them itself) */
-    for (int run = 0; run < 3 && ok; run++) {
+    /* 0: the four sequences (the backward's windows start from the forward's checkpoints, the last
+     * ones' states kept as tiles where keeps), 1: the first alone (no windows), 2: the four again after
+     * a forward cut into segments (which keeps no checkpoints or tiles: the backward walks to them
+     * itself), 3: as 0 with the kept tiles zeroed (where keeps) */
+    const int runs = keeps ? 4 : 3;
+    for (int run = 0; run < runs && ok; run++) {
         gdn_exec exf = ex;
         exf.seq_split = run == 2 ? 2 : 1;
         gdn_config c = {.B = run == 1 ? 1 : B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .dtype = dt, .gate_dtype = GDN_F32, .flags = flags};
         const size_t sv = gdn_chunk_saved_size(&c), wf = gdn_chunk_fwd_workspace_size(&exf, &c), wb = gdn_chunk_bwd_workspace_size(&ex, &c);
+        int tag[3] = {0, 0, 0};
         wbs[run] = wb;
         void *dsv = NULL, *dwsf = NULL, *dwsb = NULL, *dO = NULL;
         cudaMalloc(&dsv, sv + 4); cudaMalloc(&dwsf, wf + 4); cudaMalloc(&dwsb, wb + 4); cudaMalloc(&dO, nv * dsz);
@@ -580,10 +593,14 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
                            .dv = out[run][2], .dg = out[run][3], .dbeta = out[run][4], .dA_log = dAl, .ddt_bias = ddtb,
                            .dh0 = (float *)out[run][5], .workspace = dwsb, .workspace_bytes = wb};
         gdn_status s = gdn_chunk_fwd(&exf, &c, &fa);
+        if (s == GDN_OK && run != 1 && sl.ckpt_tag) cudaMemcpy(tag, (char *)dsv + tag_off, sizeof tag, cudaMemcpyDeviceToHost);
+        if (run == 3) cudaMemset((char *)dsv + keep_off, 0, sv - keep_off);
         if (s == GDN_OK) s = gdn_chunk_bwd(&ex, &c, &ba);
         const cudaError_t e = cudaDeviceSynchronize();
         ok = check(s == GDN_OK && e == cudaSuccess, ctx, "run %d: status %s (%s), cuda %s", run, gdn_status_string(s),
                    gdn_last_error(), cudaGetErrorString(e));
+        if (ok && run != 1)
+            ok = check(run == 2 || !keeps ? tag[2] == 0 : tag[2] != 0, ctx, "run %d: the kept tiles' tag in saved is %#x", run, tag[2]);
         for (int i = 0; i < 6; i++) dev_get(host[run][i], out[run][i], sizes[i] * esz[i]);
         void *dev[] = {dsv, dwsf, dwsb, dO};
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
@@ -600,8 +617,13 @@ static void windows_case(gdn_dtype dt, int H, int HV, int K, int V, unsigned fla
                 check(!memcmp(host[run][i], host[1][i], sizes[i] / B * esz[i]), ctx, "run %d, %s of sequence 0: windows change its bits",
                       run, names[i]);
             }
+        if (keeps) {
+            int changed = 0;
+            for (int i = 0; i < 6; i++) changed |= memcmp(host[0][i], host[3][i], sizes[i] * esz[i]) != 0;
+            check(changed, ctx, "with saved's kept tiles zeroed no gradient changed: the backward did not read them");
+        }
     }
-    for (int run = 0; run < 3; run++)
+    for (int run = 0; run < 4; run++)
         for (int i = 0; i < 6; i++) { cudaFree(out[run][i]); free(host[run][i]); }
     cudaFree(dAl); cudaFree(ddtb);
     bwd_dev_free(&d);

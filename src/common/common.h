@@ -82,24 +82,30 @@ static inline void gdn_seq(const gdn_plan *p, int64_t n, int64_t *bos, int64_t *
 
 /* saved-for-backward layout: [rstd_q B*T*H][rstd_k B*T*H] with L2NORM, else
  * nothing; then, where gdn_saved_ckpts or gdn_saved_maps says, at the next 256
- * bytes a tag block (two ints, 256 bytes), then nck states [nck][N][HV][K][V]
+ * bytes a tag block (three ints, 256 bytes), then nck states [nck][N][HV][K][V]
  * fp32 in h0's layout: the CUDA forward's checkpoints for the backward's
  * windows (tag[0] says which windows they are, 0: none), then room for nmaps
  * segment slots of the CUDA forward's pass-1 maps for the backward's sequence
  * split ([nmaps][HV] x K x K, then [nmaps][HV] x K x V, fp32; tag[1] says for
- * which segment length, 0: none). The CPU backend leaves both unused and
- * zeroes the tags. */
+ * which segment length, 0: none), then at the next 256 bytes room for nkeep
+ * chunks a (sequence, value head) of the CUDA forward's states as the fused
+ * backward's bf16 tiles (32 KB each) for the backward's last windows
+ * (tag[2] says which, 0: none; src/cuda/chunk_bwd.cu kept_windows). The CPU
+ * backend leaves them unused and zeroes the tags. */
 typedef struct gdn_saved_layout {
     float *rstd_q, *rstd_k;
-    int *ckpt_tag;   /* the tag block: [0] the checkpoints', [1] the maps' */
+    int *ckpt_tag;   /* the tag block: [0] the checkpoints', [1] the maps', [2] the kept tiles' */
     float *ckpt;
     int nck;
     float *maps;
     int64_t nmaps;
+    char *keep;      /* the kept state tiles, nkeep chunks a (sequence, value head) */
+    int64_t nkeep;
 } gdn_saved_layout;
 size_t gdn_saved_bytes(const gdn_config *c);   /* common/saved.c */
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved);
 int gdn_saved_ckpts(const gdn_config *c);
+int64_t gdn_saved_keep(const gdn_config *c);
 int64_t gdn_saved_maps(const gdn_config *c);
 
 /* Denormals flushed to zero inside the CPU kernels' threads, restored on

@@ -48,6 +48,25 @@ int64_t gdn_saved_maps(const gdn_config *c) {
     return c->B * c->T / (64 * sc) + N + 1;
 }
 
+/* Chunks a (sequence, value head) of the CUDA forward's state tiles kept for
+ * the backward's last windows (src/cuda/chunk_bwd.cu kept_windows: the
+ * fused pass reads them there instead of walking those windows' states
+ * again), where the checkpoints are kept and the fused pass runs: bf16,
+ * K = V = 128, HV <= 4 H. Room for half the chunks and 8 more (the windows
+ * are a quarter or a half of the chunks, up to 7 chunks longer); 0
+ * elsewhere. Each tile is the state entering a chunk as bf16 (32 KB). */
+int64_t gdn_saved_keep(const gdn_config *c) {
+    if (!gdn_saved_ckpts(c) || c->dtype != GDN_BF16 || c->K != 128 || c->V != 128 || c->HV > 4 * c->H) return 0;
+    const int64_t N = c->cu_seqlens ? c->num_seqs : c->B;
+    int64_t maxch = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t len = c->cu_seqlens ? c->cu_seqlens[n + 1] - c->cu_seqlens[n] : c->T, ch = (len + 63) / 64;
+        if (ch > maxch) maxch = ch;
+    }
+    return (maxch + 1) / 2 + 8;
+}
+#define KEEP_TILE 32768
+
 /* bytes of the rstd rows, and where the tag block starts after them */
 static size_t rstd_bytes(const gdn_config *c) { return (size_t)(2 * c->B * c->T * c->H) * sizeof(float); }
 static size_t tag_at(const gdn_config *c) { return (rstd_bytes(c) + 255) / 256 * 256; }
@@ -56,12 +75,19 @@ static size_t ckpt_bytes(const gdn_config *c, int nck) {
     return (size_t)nck * N * c->HV * c->K * c->V * sizeof(float);
 }
 
+/* where the kept tiles start: the next 256 bytes after the maps (the TMA's rows) */
+static size_t keep_at(const gdn_config *c, int nck, int64_t nmaps) {
+    const size_t end = tag_at(c) + 256 + ckpt_bytes(c, nck) + (size_t)nmaps * c->HV * ((size_t)c->K * c->K + (size_t)c->K * c->V) * sizeof(float);
+    return (end + 255) / 256 * 256;
+}
+
 size_t gdn_saved_bytes(const gdn_config *c) {
     if (!(c->flags & GDN_QK_L2NORM)) return 0;
     const int nck = gdn_saved_ckpts(c);
     const int64_t nmaps = gdn_saved_maps(c);
     if (!nck && !nmaps) return rstd_bytes(c);
-    return tag_at(c) + 256 + ckpt_bytes(c, nck) + (size_t)nmaps * c->HV * ((size_t)c->K * c->K + (size_t)c->K * c->V) * sizeof(float);
+    const int64_t nkeep = gdn_saved_keep(c), N = c->cu_seqlens ? c->num_seqs : c->B;
+    return keep_at(c, nck, nmaps) + (size_t)nkeep * N * c->HV * KEEP_TILE;
 }
 
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
@@ -75,6 +101,8 @@ gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
         l.ckpt_tag = (int *)((char *)saved + tag_at(c));
         if (l.nck) l.ckpt = (float *)((char *)saved + tag_at(c) + 256);
         if (l.nmaps) l.maps = (float *)((char *)saved + tag_at(c) + 256 + ckpt_bytes(c, l.nck));
+        l.nkeep = gdn_saved_keep(c);
+        if (l.nkeep) l.keep = (char *)saved + keep_at(c, l.nck, l.nmaps);
     }
     return l;
 }

@@ -278,7 +278,7 @@ void gdn_cpu_chunk_fwd(const gdn_plan *p, const gdn_fwd_args *a) {
     const int64_t sc = gdn_segment_chunks(p, p->N * p->c.H);
     const int split = split_floats(p, sc) > 0;
     gdn_saved_layout sv = gdn_saved_at(&p->c, a->saved);
-    if (sv.ckpt_tag) sv.ckpt_tag[0] = sv.ckpt_tag[1] = 0;   /* no CUDA checkpoints or maps in this saved */
+    if (sv.ckpt_tag) sv.ckpt_tag[0] = sv.ckpt_tag[1] = sv.ckpt_tag[2] = 0;   /* no CUDA checkpoints, maps or tiles in this saved */
     /* workspace: [segment index N+1] [P, S per (segment, j)] [per-thread scratch] */
     int64_t *seg0 = (int64_t *)a->workspace;
     float *maps = (float *)(split ? seg0 + p->N + 1 : seg0);

@@ -312,7 +312,7 @@ float *ckpt_at(const WsLayout &wl, char *ws, int64_t w, int HV, size_t kv) {
 }
 int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, const WsLayout &wl, char *ws, cudaStream_t st,
                int64_t w = -1, float *states = nullptr, float *ht = nullptr, const int *skip = nullptr, int skip_val = 0, int st16 = 0,
-               float *brec = nullptr, int stage = 0) {
+               float *brec = nullptr, int stage = 0, const int *wskip = nullptr, int wskip_val = 0) {
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
@@ -324,12 +324,27 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     f.q = a->q; f.k = a->k; f.v = a->v; f.g = a->g; f.beta = a->beta; f.A_log = a->A_log; f.dt_bias = a->dt_bias; f.h0 = p.h0;
     if (w > 0) f.h0 = ckpt_at(wl, ws, w, p.HV, (size_t)p.K * p.V);
     f.ht = ht;
-    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, st16, brec,
-                                 p.rec16, stage, st);
+    return gdn_cuda_chunk_states(&fv, &f, w < 0 ? 0 : w * wn, wn, ws + wl.dstates, w < 0 ? p.states : states, skip, skip_val, wskip,
+                                 wskip_val, st16, brec, p.rec16, stage, st);
 }
 
 /* the tag of the forward's checkpoints of windows of wn chunks in saved */
 int ckpt_tag(int64_t wn) { return 0x47440000 | (int)(wn & 0xffff); }
+
+/* the first of the windows whose forward states the forward keeps as tiles
+ * in saved (room for nkeep chunks a sequence and value head): the last half
+ * of them, or fewer where they do not fit; wl.nw where none (no windows, the
+ * fused pass not run) and *ktag their tag (saved's tag[2]). Those windows'
+ * states are then not walked again (at qwen3next on an H200 the backward
+ * -0.12 ms a window, the forward's stores +0.05: bench/NOTES.md v5.42) */
+int64_t kept_windows(const gdn_plan *pl, const WsLayout &wl, int64_t nkeep, int *ktag) {
+    *ktag = 0;
+    if (!wl.rw || wl.sc || !fused_plan(pl)) return wl.nw;
+    int64_t kw = wl.nw - wl.nw / 2;
+    while (kw < wl.nw && (wl.nw - kw) * wl.wn > nkeep) kw++;
+    if (kw < wl.nw) *ktag = ckpt_tag(wl.wn) ^ (int)(kw << 20);
+    return kw;
+}
 
 /* the forward's checkpoints (saved) into the workspace's, where their tag says they are those of these windows */
 __global__ void ckpt_copy_kernel(const int *tag, int want, const float *src, float *dst, int64_t n) {
@@ -494,6 +509,11 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
     const Scr o = local ? local_scr(K) : scr_layout(K, V);
     if (wl.wn) {   /* the windows, the last first (window_chunks); their state gradient carried in `carry` */
         float *carry = reinterpret_cast<float *>(ws + wl.carry);
+        /* the last windows' forward states where the forward kept them (kept_windows): their walk
+         * does nothing and the fused pass reads the tiles there, where saved's tag says so */
+        const gdn_saved_layout ks = gdn_saved_at(&pl->c, const_cast<void *>(a->saved));
+        int ktag = 0;
+        const int64_t kw = ks.keep && (reinterpret_cast<uintptr_t>(ks.keep) & 255) == 0 ? kept_windows(pl, wl, ks.nkeep, &ktag) : wl.nw;
         Grp G;
         G.s0 = 0; G.scr = nullptr; G.o = o; G.cl = true;
         for (int64_t w = wl.nw - 1; w >= 0; w--) {
@@ -503,8 +523,15 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.dh0 = w == 0 ? p.dh0 : carry;
             q.rw = wl.rw;
             WLAP(-1);
+            if (w >= kw) {
+                q.kst = reinterpret_cast<const float *>(ks.keep + (w - kw) * p.N * wl.wn * HV * (int64_t)32768);
+                q.kst_rows = p.N * wl.wn * HV * 128;
+                q.ktag = ks.ckpt_tag + 2;
+                q.ktag_val = ktag;
+            }
             if (wl.rw) {   /* the window's forward states from its checkpoint, then its records (or with them: brec) */
-                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused ? 2 : 0, brec);
+                const int fs = fwd_states(pl, a, p, wl, ws, st, w, p.states, nullptr, nullptr, 0, fused ? 2 : 0, brec, 0, q.ktag,
+                                          q.ktag_val);
                 if (fs < 1 || (fused && fs != 2)) return cudaErrorLaunchFailure;
                 q.st16 = fs == 2;
                 WLAP(0);
@@ -598,6 +625,10 @@ using namespace gdn::cbwd;
 
 extern "C" size_t gdn_cuda_chunk_bwd_ws(const gdn_plan *pl) { return ws_layout(pl).total; }
 
+extern "C" int gdn_cuda_chunk_bwd_kept(const gdn_plan *pl, int64_t nkeep, int *ktag) {
+    return (int)kept_windows(pl, ws_layout(pl), nkeep, ktag);
+}
+
 extern "C" int gdn_cuda_chunk_bwd_windows(const gdn_plan *pl, int64_t *wn, int *tag) {
     const WsLayout wl = ws_layout(pl);
     *wn = wl.rw ? wl.wn : 0;
@@ -645,6 +676,10 @@ BwdArgs bound_args(const gdn_plan *pl, const gdn_bwd_args *a, const WsLayout &wl
     p.part = reinterpret_cast<double *>(w + wl.part);
     p.w0 = p.wn = 0;   /* run() sets the windows */
     p.rw = 0;
+    p.kst = nullptr;   /* and the kept states */
+    p.ktag = nullptr;
+    p.ktag_val = 0;
+    p.kst_rows = 0;
     return p;
 }
 }  // namespace

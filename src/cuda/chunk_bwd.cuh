@@ -63,6 +63,13 @@ struct BwdArgs {
     /* st16: the forward states as bf16 tiles, 32 KB apart (gdn_cuda_chunk_states' st16:
      * the fused pass's layout of S0 in shared memory) */
     int st16;
+    /* the window's forward states as the forward kept them in saved (the
+     * fused pass; NULL: none): tiles laid out as states' (window_at), kst_rows
+     * rows of 256 bytes, read instead of states where *ktag == ktag_val */
+    const float *kst;
+    const int *ktag;
+    int ktag_val;
+    int64_t kst_rows;
 };
 
 /* chunk i of sequence n's state gradient in dstates, its record and its
@@ -79,6 +86,10 @@ __device__ __forceinline__ float *rec_at(const BwdArgs &p, int64_t n, int64_t sl
 /* the state entering chunk i: K V floats, or with st16 the bf16 tile (K V 16-bit values) */
 __device__ __forceinline__ const float *state_at(const BwdArgs &p, int64_t n, int64_t slot, int64_t i, int j) {
     return p.states + (window_at(p, p.rw != 0, n, slot, i) * p.HV + j) * ((int64_t)p.K * p.V / (p.st16 ? 2 : 1));
+}
+/* the same state's tile where the forward kept it (kst) */
+__device__ __forceinline__ const float *kept_at(const BwdArgs &p, int64_t n, int64_t i, int j) {
+    return p.kst + (window_at(p, true, n, 0, i) * p.HV + j) * ((int64_t)p.K * p.V / 2);
 }
 __device__ __forceinline__ void seq_range(const BwdArgs &p, int64_t n, int64_t *bos, int64_t *len) {
     *bos = p.cu ? p.cu[n] : n * p.T;

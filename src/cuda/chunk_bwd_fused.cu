@@ -291,7 +291,8 @@ struct Sc {
 struct FusedMaps {
     CUtensorMap k, q, v, o;
     CUtensorMap s0, tr;   /* states and records as 256-byte rows: S0's bf16 tile (128 rows), Tm and P's (64) */
-    int on, bt;           /* bt: s0, tr valid (the tile mode's instance takes its tiles by them) */
+    CUtensorMap s0k;      /* the kept states' (BwdArgs::kst) */
+    int on, bt;           /* bt: s0, tr (and s0k where kst) valid (the tile mode's instance takes its tiles by them) */
 };
 /* the chunk's inputs through the TMA where it takes them (V's first thread
  * issues the copies, completing on FS::MB_R; S0's bf16 tile into A (st16)
@@ -313,11 +314,13 @@ template <bool TL> __device__ __forceinline__ void tiles_copy(const BwdArgs &p, 
     if constexpr (TL) cfwd::tma_byte_rows(sm + FS::TH, &fm.tr, (int)((rec + R_TM - p.rec) / 64), mb);
     else cfwd::bulk_copy(sm + FS::TH, rec + R_TM, 16384, mb);
 }
-/* S0's bf16 tile into A on the fetch's first mbarrier (FS::MB), its bytes expected there */
-template <bool TL> __device__ __forceinline__ void s0_copy(const BwdArgs &p, const FusedMaps &fm, char *sm, const float *S0) {
+/* S0's bf16 tile into A on the fetch's first mbarrier (FS::MB), its bytes
+ * expected there: from the states, or where kept from the forward's (kst) */
+template <bool TL>
+__device__ __forceinline__ void s0_copy(const BwdArgs &p, const FusedMaps &fm, char *sm, const float *S0, bool kept) {
     void *mb0 = sm + FS::MB;
     cfwd::mb_expect(mb0, fetch_tx0<TL>(p));
-    if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, &fm.s0, (int)((S0 - p.states) / 64), mb0);
+    if constexpr (TL) cfwd::tma_byte_rows(sm + FS::A, kept ? &fm.s0k : &fm.s0, (int)((S0 - (kept ? p.kst : p.states)) / 64), mb0);
     else cfwd::bulk_copy(sm + FS::A, S0, 32768, mb0);
 }
 template <int ROLE, bool TL>
@@ -378,6 +381,7 @@ __device__ __forceinline__ void fetch(const BwdArgs &p, const FusedMaps &fm, cha
 struct Walk {
     int64_t n, bos, len, sb, cb, top;
     int j, h;
+    int kept;   /* S0 from the forward's kept tiles (kst; S's first thread reads it) */
     __device__ __forceinline__ int64_t row0(int64_t ci) const { return bos + ci * CC; }
     __device__ __forceinline__ int cnt(int64_t ci) const { return len - ci * CC < CC ? (int)(len - ci * CC) : CC; }
 };
@@ -568,9 +572,10 @@ __device__ __forceinline__ void chunk_start(const BwdArgs &p, const FusedMaps &f
      * the fetch's copies it landed later: bench/NOTES.md v5.41) */
     if constexpr (ROLE == 0)
         if ((TL || p.st16) && tid == 0) {
-            const float *S0 = state_at(p, w.n, slot, ci, w.j);
+            const bool kept = w.kept != 0;
+            const float *S0 = kept ? kept_at(p, w.n, ci, w.j) : state_at(p, w.n, slot, ci, w.j);
             cfwd::fence_async_smem();
-            s0_copy<TL>(p, fm, sm, S0);
+            s0_copy<TL>(p, fm, sm, S0, kept);
         }
     if constexpr (ROLE > 0) {   /* V, T: the inputs; V's first CC threads the gate's inputs, T's the scalars */
         const float *rec = rec_at(p, w.n, slot, ci, w.j);
@@ -1290,7 +1295,11 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
     seq_range(p, w.n, &w.bos, &w.len);
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);
-    if (threadIdx.x == 0) *reinterpret_cast<Walk *>(sm + FS::WK) = w;
+    w.kept = 0;
+    if (threadIdx.x == 0) {
+        if (p.kst) w.kept = *p.ktag == p.ktag_val;   /* the tag the forward left in saved (kernels before this one) */
+        *reinterpret_cast<Walk *>(sm + FS::WK) = w;
+    }
     if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB_R); }   /* before the roles' first block barrier */
 #ifdef GDN_FUSED_WAR_MBARRIER
     if (threadIdx.x == 128)   /* published by the first publishing barrier, before any remote arrival */
@@ -1368,7 +1377,7 @@ void Fused::launch(const BwdArgs &p, cudaStream_t st) {
             cfwd::tile_map(&fm.v, p.v, true, p.ntok, p.HV, 128, 64, true) && cfwd::tile_map(&fm.o, p.dout, true, p.ntok, p.HV, 128, 64, true);
     /* S0's and the records' tiles by the TMA's tensor path too (the same bytes as a bulk copy) */
     fm.bt = p.states && p.rec && cfwd::byte_rows_map(&fm.s0, p.states, p.st_rows, 128) &&
-            cfwd::byte_rows_map(&fm.tr, p.rec, p.rec_rows, 64);
+            cfwd::byte_rows_map(&fm.tr, p.rec, p.rec_rows, 64) && (!p.kst || cfwd::byte_rows_map(&fm.s0k, p.kst, p.kst_rows, 128));
     if (p.st16 && p.rec16 && fm.bt) cudaLaunchKernelEx(&cfg, fused_kernel<true>, p, fm);
     else cudaLaunchKernelEx(&cfg, fused_kernel<false>, p, fm);
 }

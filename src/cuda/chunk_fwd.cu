@@ -128,6 +128,7 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     const bool need16 = p.st16 == 2;   /* required: the caller's states area has room for tiles only */
     p.st16 = p.st16 && tr && p.V == 128;   /* the bf16 tiles from the transposed kernel only */
     if (need16 && !p.st16) return cudaErrorNotSupported;   /* before any launch */
+    if (!(tr && p.V == 128)) { p.keep = nullptr; p.ktag_val = 0; }   /* the tiles from the transposed kernel only */
     if (st16) *st16 = p.st16;
     if (tr) {
         e = StateTPass<E>::attr();
@@ -193,6 +194,11 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.tag_val = p.mtag_val = 0;
     p.skip = nullptr;
     p.skip_val = 0;
+    p.keep = nullptr;   /* gdn_cuda_chunk_fwd sets them where saved has room for the tiles */
+    p.keep_kw = p.ktag_val = 0;
+    p.keep_stride = 0;
+    p.wskip = nullptr;
+    p.wskip_val = 0;
     const WsLayout wl = ws_layout(pl, sc);
     p.seg_s = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs);
     p.seg_in = reinterpret_cast<float *>(static_cast<char *>(ws) + wl.recs + wl.seg);
@@ -233,6 +239,15 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
         p.ckpt = sl.ckpt; p.ckpt_wn = (int)wn; p.nck = nw - 1;
         p.ckpt_stride = pl->N * c->HV * (int64_t)c->K * c->V;
         p.tag_val = tag;
+        /* and the last windows' states as the fused pass's tiles where saved has room (the walk
+         * stores them as it passes: the backward walks only the windows before them again) */
+        int ktag = 0;
+        const int kw = sl.keep && (reinterpret_cast<uintptr_t>(sl.keep) & 255) == 0 ? gdn_cuda_chunk_bwd_kept(pl, sl.nkeep, &ktag) : nw;
+        if (kw < nw) {
+            p.keep = reinterpret_cast<float *>(sl.keep);
+            p.keep_kw = kw; p.ktag_val = ktag;
+            p.keep_stride = pl->N * wn;
+        }
     }
     /* the segments' maps of pass 1 into saved where it has room for them: the backward's split
      * takes them where its segments are these (seg_chunks_kept) instead of a pass 1 of its own */
@@ -252,7 +267,8 @@ extern "C" size_t gdn_cuda_chunk_states_ws(const gdn_plan *pl, int64_t wn) {
 }
 
 extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                                     const int *skip, int skip_val, int st16, float *brec, int brec16, int stage, void *stream) {
+                                     const int *skip, int skip_val, const int *wskip, int wskip_val, int st16, float *brec, int brec16,
+                                     int stage, void *stream) {
     const gdn_config *c = &pl->c;
     if (c->dtype == GDN_F32) return 0;
     if (pl->N * c->HV == 0) return 1;
@@ -263,6 +279,7 @@ extern "C" int gdn_cuda_chunk_states(const gdn_plan *pl, const gdn_fwd_args *a, 
     p.states = states;
     p.w0 = (int)w0; p.wn = (int)wn;
     p.skip = skip; p.skip_val = skip_val;
+    p.wskip = wskip; p.wskip_val = wskip_val;
     p.st16 = st16;
     p.brec = c->dtype == GDN_BF16 && c->K == 128 ? brec : nullptr;
     p.brec16 = brec16;

@@ -74,6 +74,20 @@ struct ChunkArgs {
     int tag_val, mtag_val;
     const int *skip;
     int skip_val;
+    /* the backward's last windows' states kept (the transposed kernel's
+     * forward walk with ckpt, V = 128; NULL: none): the state entering each
+     * chunk i of windows keep_kw.. (of ckpt_wn chunks) as the fused pass's
+     * bf16 tile (st16's) into keep at ((i / ckpt_wn - keep_kw) keep_stride +
+     * n ckpt_wn + i % ckpt_wn) HV + j tiles (keep_stride = N ckpt_wn: each
+     * window as the backward's window_at lays it out), and ktag_val into
+     * tag[2] (0: none kept). The backward's states mode: its walk alone (not
+     * the prep: the records are still wanted) does nothing where *wskip ==
+     * wskip_val, those tiles being there */
+    float *keep;
+    int keep_kw, ktag_val;
+    int64_t keep_stride;
+    const int *wskip;
+    int wskip_val;
 };
 
 /* ---- tensor-core primitives ---- */
@@ -370,6 +384,14 @@ __device__ __forceinline__ int64_t rec_slot(const ChunkArgs &p, int64_t bos, int
 }
 /* the backward's checkpoint walk with the forward's checkpoints there: nothing to do */
 __device__ __forceinline__ bool walk_skipped(const ChunkArgs &p) { return p.skip && *p.skip == p.skip_val; }
+/* the backward's states walk of a window whose tiles the forward kept (the prep still runs) */
+__device__ __forceinline__ bool states_kept(const ChunkArgs &p) { return p.wskip && *p.wskip == p.wskip_val; }
+/* where the forward keeps the state entering chunk i as a tile (NULL: not kept) */
+__device__ __forceinline__ char *keep_of(const ChunkArgs &p, int n, int i, int j) {
+    if (!p.keep || i < p.keep_kw * p.ckpt_wn) return nullptr;
+    const int64_t t = (int64_t)(i / p.ckpt_wn - p.keep_kw) * p.keep_stride + (int64_t)n * p.ckpt_wn + i % p.ckpt_wn;
+    return reinterpret_cast<char *>(p.keep) + (t * p.HV + j) * (int64_t)32768;
+}
 /* where the state entering chunk i goes as a checkpoint (NULL: not one); sbase: (n, j)'s offset in h0 */
 __device__ __forceinline__ float *ckpt_of(const ChunkArgs &p, int i, int64_t sbase) {
     if (!p.ckpt || i <= 0 || i % p.ckpt_wn || i / p.ckpt_wn > p.nck) return nullptr;

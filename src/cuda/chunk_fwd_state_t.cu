@@ -33,7 +33,12 @@ struct TSmem {
     static constexpr int o = p + 2 * CC * CC * 2;         /* O rows, C x LO */
     static constexpr int mb = o + CC * LO * 2;            /* mbarriers: full[2], pfull[2]; then cnt[2] */
     static constexpr int bytes = mb + 4 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
+    /* the instances that store tiles (ST, CK): the states' bf16 tiles on their way out
+     * (put_tile), [2 stages][2 warpgroups] x 16 KB (the others keep the L1 that room leaves) */
+    static constexpr int tl = (mb + 4 * 8 + 2 * 4 + 1023) / 1024 * 1024;
+    static constexpr int bytes_tl = tl + 4 * 16384 + 1024;
 };
+static_assert(TSmem::bytes_tl <= 227 * 1024, "the transposed state kernel's shared memory fits an SM");
 static_assert(TStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
 
 __device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -46,10 +51,43 @@ __device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32
 __device__ __forceinline__ void wg_turn(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(5 + cg) : "memory"); }
 __device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 256;" ::"r"(6 - cg) : "memory"); }
 
+/* S^T's part of this thread (st) as the fused backward's bf16 tile (V = 128):
+ * the warpgroup's 64 columns of V are the tile's 16 KB at cg * 16384 (s0_at),
+ * staged in shared memory, then stored by the warpgroup's first thread as one
+ * bulk copy to dst (asynchronous: the walk does not wait for its global
+ * stores, which as the threads' own 4-byte stores cost ~1.1 us a chunk on the
+ * chain; bench/NOTES.md v5.42). Two stages, by chunk (i & 1); a stage is
+ * written again two chunks later, after the first thread has seen the copy
+ * before it read (wait_group.read before the warpgroup's barrier: the copy
+ * from the other stage, so both are free by then). In the stage rows kr,
+ * kr + 1 of columns d0, d0 ^ 1 meet in a lane pair, the even lane storing
+ * row kr's pair, the odd one row kr + 1's. dst 16-byte aligned. */
+__device__ __forceinline__ void put_tile(char *sm, int i, char *dst, const float st[64], int g, int tq, int d0, int cg, int tid) {
+    char *sb = sm + TSmem::tl + ((i & 1) * 2 + cg) * 16384 - cg * 16384;   /* s0_at's offsets less the warpgroup's half */
+#pragma unroll
+    for (int q = 0; q < 16; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const int kr = 8 * q + 2 * tq, vc = d0 + 8 * (e >> 1);
+            const uint32_t h0 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e]));
+            const uint32_t h1 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e + 1]));
+            const uint32_t nb = __shfl_xor_sync(0xffffffffu, (g & 1) ? h0 : h1, 4);
+            if ((g & 1) == 0) *reinterpret_cast<uint32_t *>(sb + s0_at(kr, vc)) = h0 | nb << 16;
+            else *reinterpret_cast<uint32_t *>(sb + s0_at(kr + 1, vc - 1)) = nb | h1 << 16;
+        }
+    fence_async_smem();   /* the stage's generic writes before the copy reads it */
+    if ((tid & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    gdn::bar_named(8 + cg, 128);
+    if ((tid & 127) == 0)
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 16384;\ncp.async.bulk.commit_group;" ::"l"(dst + cg * 16384),
+                     "r"(saddr(sb + cg * 16384)) : "memory");
+}
+
 /* ST: the backward's states mode (p.smode): each chunk's entering state
- * stored where p.states is not NULL; no q, P or o (X^T = S^T K^T alone); CK: the forward storing the
- * backward's checkpoints (p.ckpt). Separate instances, so the forward's code
- * is untouched */
+ * stored where p.states is not NULL; no q, P or o (X^T = S^T K^T alone); CK:
+ * the forward storing the backward's checkpoints (p.ckpt) and the tiles of
+ * its last windows (p.keep). Separate instances, so the forward's code is
+ * untouched */
 template <typename E, bool ST, bool CK>
 __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using M = mma_traits<E>;
@@ -70,9 +108,9 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
     if (!ST && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) {   /* before any return: every forward sets both */
-        p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val;
+        p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val; p.tag[2] = p.ktag_val;
     }
-    if (!walk_range(p, sg, nch_all, &i0, &nch) || ((ST || p.pass == 1) && walk_skipped(p))) return;
+    if (!walk_range(p, sg, nch_all, &i0, &nch) || ((ST || p.pass == 1) && walk_skipped(p)) || (ST && states_kept(p))) return;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
      * of P (K x K, from I, with v = 0) */
@@ -154,21 +192,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
             if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
                 float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * ((int64_t)p.K * p.V / (p.st16 ? 2 : 1));   /* tiles: half */
-                if (p.st16) {   /* S as the bf16 tile (V = 128): rows kr, kr + 1 of columns d0, d0 ^ 1 meet in a
-                                 * lane pair, the even lane storing row kr's pair, the odd one row kr + 1's */
-                    char *sb = reinterpret_cast<char *>(sd);
-#pragma unroll
-                    for (int q = 0; q < 16; q++)
-#pragma unroll
-                        for (int e = 0; e < 4; e += 2) {
-                            const int kr = 8 * q + 2 * tq, vc = d0 + 8 * (e >> 1);
-                            const uint32_t h0 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e]));
-                            const uint32_t h1 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e + 1]));
-                            const uint32_t nb = __shfl_xor_sync(0xffffffffu, (g & 1) ? h0 : h1, 4);
-                            if ((g & 1) == 0) *reinterpret_cast<uint32_t *>(sb + s0_at(kr, vc)) = h0 | nb << 16;
-                            else *reinterpret_cast<uint32_t *>(sb + s0_at(kr + 1, vc - 1)) = nb | h1 << 16;
-                        }
-                } else
+                if (p.st16) put_tile(sm, i, reinterpret_cast<char *>(sd), st, g, tq, d0, cg, tid);
+                else
 #pragma unroll
                     for (int q = 0; q < 16; q++)
 #pragma unroll
@@ -177,6 +202,8 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                             if (vc < ncols) sd[(int64_t)kr * p.V + vc] = st[4 * q + e];
                         }
             }
+            if (CK)
+                if (char *kt = keep_of(p, n, i, j)) put_tile(sm, i, kt, st, g, tq, d0, cg, tid);   /* for the backward's last windows */
             mb_wait(full + sl, par);
             TPROF(0);
             if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
@@ -342,6 +369,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         ib = ie;
     }
     if (cg == 0) wg_turn(0);   /* the last pass of warpgroup 1 */
+    if ((ST || CK) && (tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");   /* put_tile's copies done */
 #ifdef GDN_CHUNK_PROFILE
     if ((tid & 127) == 0 && blockIdx.x == 0 && nch > i0) {
         const long long m = nch - i0;
@@ -369,8 +397,8 @@ template <typename E> cudaError_t StateTPass<E>::attr() {
     static bool done = false, done_st = false;
     static bool done_ck = false;
     cudaError_t e = smem_attr(chunk_state_t_kernel<E, false, false>, TSmem::bytes, &done);
-    if (e == cudaSuccess) e = smem_attr(chunk_state_t_kernel<E, false, true>, TSmem::bytes, &done_ck);
-    return e != cudaSuccess ? e : smem_attr(chunk_state_t_kernel<E, true, false>, TSmem::bytes, &done_st);
+    if (e == cudaSuccess) e = smem_attr(chunk_state_t_kernel<E, false, true>, TSmem::bytes_tl, &done_ck);
+    return e != cudaSuccess ? e : smem_attr(chunk_state_t_kernel<E, true, false>, TSmem::bytes_tl, &done_st);
 }
 template <typename E>
 cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
@@ -379,7 +407,8 @@ cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const cha
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
         cudaLaunchConfig_t lc = {};
-        lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.dynamicSmemBytes = TSmem::bytes; lc.stream = st;
+        lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.stream = st;
+        lc.dynamicSmemBytes = p.smode || p.ckpt ? TSmem::bytes_tl : TSmem::bytes;
         lc.attrs = at; lc.numAttrs = 1;
         return p.smode  ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true, false>, p, ws, tm)
                : p.ckpt ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, true>, p, ws, tm)

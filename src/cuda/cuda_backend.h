@@ -73,7 +73,9 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
  * each sequence from a->h0 (the states entering chunk w0, in h0's layout),
  * states at [n * wn + i - w0][HV][K][V], ht the states after the window
  * (written only where the window holds a chunk). skip (or NULL): where
- * *skip == skip_val nothing is walked (the forward's checkpoints are there).
+ * *skip == skip_val nothing is walked (the forward's checkpoints are there);
+ * wskip (or NULL): where *wskip == wskip_val the prep runs and the walk does
+ * nothing (the forward kept the window's tiles in saved: gdn_cuda_chunk_bwd_kept).
  * st16: the states as bf16 tiles, 32 KB apart, where the transposed kernel
  * takes V = 128 (the fused backward pass's layout: chunk_fwd.cuh
  * ChunkArgs::st16); 2: only so (else 0, nothing queued). brec (or
@@ -85,11 +87,18 @@ gdn_status gdn_cuda_chunk_fwd_part(const gdn_plan *p, const gdn_fwd_args *a, voi
  * -1: a launch failed */
 size_t gdn_cuda_chunk_states_ws(const gdn_plan *p, int64_t wn);
 int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, int64_t w0, int64_t wn, void *ws, float *states,
-                          const int *skip, int skip_val, int st16, float *brec, int brec16, int stage, void *stream);
+                          const int *skip, int skip_val, const int *wskip, int wskip_val, int st16, float *brec, int brec16, int stage,
+                          void *stream);
 /* the chunk backward's windows whose forward states start from checkpoints
  * (chunk_bwd.cu window_chunks): their count (0: none), *wn chunks each, and
  * the tag the forward's checkpoints of them carry in saved (gdn_saved_at) */
 int gdn_cuda_chunk_bwd_windows(const gdn_plan *p, int64_t *wn, int *tag);
+/* the first of those windows whose forward states the forward keeps in saved
+ * as the fused pass's bf16 tiles (gdn_saved_keep: nkeep chunks a sequence
+ * and value head): the last windows that fit there, and the tag they carry
+ * (saved's tag[2]); the window count (none kept) where none fit or the fused
+ * pass does not run */
+int gdn_cuda_chunk_bwd_kept(const gdn_plan *p, int64_t nkeep, int *ktag);
 /* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
 void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
