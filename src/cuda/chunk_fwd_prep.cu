@@ -318,8 +318,10 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 6) chunk_prep_kernel(
             }
             __syncthreads();
         }
-        /* the records: T blocked (zero above the diagonal), then the per-token rows */
-        for (int hh = 0; hh < nh; hh++) {
+        /* the records: T blocked (zero above the diagonal), then the per-token rows (not where the
+         * states walk that reads them does nothing: brec's window whose states the forward kept) */
+        const bool walked = !(BR && states_kept(p));
+        for (int hh = 0; hh < (walked ? nh : 0); hh++) {
             const float *A = AT[hh];
             char *rec = ws + (rec_slot(p, bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC;
             for (int x = tid; x < CC * CC / 8; x += PT) {
@@ -334,7 +336,7 @@ __global__ void __launch_bounds__(PT, KT > 128 || BR ? 4 : 6) chunk_prep_kernel(
                 *reinterpret_cast<uint4 *>(rec + blk64(r, c8) * 2) = v;
             }
         }
-        for (int x = tid; x < nh * CC; x += PT) {
+        for (int x = tid; x < (walked ? nh * CC : 0); x += PT) {
             const int hh = x / CC, t = x % CC;
             const float *gc = gcs + hh * CC;
             float *recf = reinterpret_cast<float *>(ws + (rec_slot(p, bos, n, i) * p.HV + h * p.G + jb + hh) * (int64_t)REC + REC_T);
