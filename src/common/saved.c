@@ -75,11 +75,11 @@ static size_t ckpt_bytes(const gdn_config *c, int nck) {
     return (size_t)nck * N * c->HV * c->K * c->V * sizeof(float);
 }
 
-/* where the kept tiles start: the next 256 bytes after the maps (the TMA's rows) */
-static size_t keep_at(const gdn_config *c, int nck, int64_t nmaps) {
-    const size_t end = tag_at(c) + 256 + ckpt_bytes(c, nck) + (size_t)nmaps * c->HV * ((size_t)c->K * c->K + (size_t)c->K * c->V) * sizeof(float);
-    return (end + 255) / 256 * 256;
+/* the end of the maps' room, and where the kept tiles start: the next 256 bytes (the TMA's rows) */
+static size_t maps_end(const gdn_config *c, int nck, int64_t nmaps) {
+    return tag_at(c) + 256 + ckpt_bytes(c, nck) + (size_t)nmaps * c->HV * ((size_t)c->K * c->K + (size_t)c->K * c->V) * sizeof(float);
 }
+static size_t keep_at(const gdn_config *c, int nck, int64_t nmaps) { return (maps_end(c, nck, nmaps) + 255) / 256 * 256; }
 
 size_t gdn_saved_bytes(const gdn_config *c) {
     if (!(c->flags & GDN_QK_L2NORM)) return 0;
@@ -87,7 +87,7 @@ size_t gdn_saved_bytes(const gdn_config *c) {
     const int64_t nmaps = gdn_saved_maps(c);
     if (!nck && !nmaps) return rstd_bytes(c);
     const int64_t nkeep = gdn_saved_keep(c), N = c->cu_seqlens ? c->num_seqs : c->B;
-    return keep_at(c, nck, nmaps) + (size_t)nkeep * N * c->HV * KEEP_TILE;
+    return nkeep ? keep_at(c, nck, nmaps) + (size_t)nkeep * N * c->HV * KEEP_TILE : maps_end(c, nck, nmaps);
 }
 
 gdn_saved_layout gdn_saved_at(const gdn_config *c, void *saved) {
