@@ -8,8 +8,9 @@
  * loaded into fp32 scratch, every loop over V branch-free so the compiler
  * vectorises it (sums with 16 fixed partial accumulators; the gates through
  * cpu/act.h). bf16 rows are read in place on cpu/act.h's vectors, converted
- * where used and rounded where formed (fwd_rows_bf16, bwd_row_bf16: the same
- * arithmetic, so the same bits): the compiler's own vectorisation of such
+ * where used and rounded where formed (fwd_rows_bf16, bwd_pass1_bf16 and
+ * bwd_pass2_bf16: the same arithmetic but the forward's SiLU, which is
+ * gdn_silu_bf16_v there): the compiler's own vectorisation of such
  * mixed 16 / 32-bit loops ran at half width and peeled each row's start for
  * alignment, which made the op's speed depend on where the caller's buffers
  * lie (bench/NOTES.md v10). dw: rows are cut into blocks of GDN_RMSNORM_ROW_BLOCK (64),
@@ -82,6 +83,32 @@ static float row_rstd_bf16(const uint16_t *restrict x, int V, float eps) {
     return 1.0f / sqrtf(a[0] / (float)V + eps);
 }
 
+/* row_rstd_bf16 of RSTD_ROWS rows at once (x's rows V apart): the same arithmetic a
+ * row, so the same bits, with the rows' chains (their sums, the reduction,
+ * the square root and division) interleaved instead of one after another */
+#define RSTD_ROWS 4
+static void rows_rstd_bf16(const uint16_t *restrict x, int V, float eps, float *rs) {
+    gdn_av acc[RSTD_ROWS][16 / GDN_AVL] = {{{0}}};
+    int i = 0;
+    for (; i + 16 <= V; i += 16)
+        for (int q = 0; q < RSTD_ROWS; q++)
+            for (int j = 0; j < 16 / GDN_AVL; j++) {
+                const gdn_av v = gdn_bf16_load_v(x + (int64_t)q * V + i + j * GDN_AVL);
+                acc[q][j] += v * v;
+            }
+    float a[RSTD_ROWS][16];
+    memcpy(a, acc, sizeof a);
+    for (int q = 0; q < RSTD_ROWS; q++) {
+        for (int k = 0, t = i; t < V; t++, k++) {
+            const float v = gdn_bf16_f32(x[(int64_t)q * V + t]);
+            a[q][k] += v * v;
+        }
+        for (int h = 8; h >= 1; h /= 2)
+            for (int k = 0; k < h; k++) a[q][k] += a[q][k + h];
+        rs[q] = 1.0f / sqrtf(a[q][0] / (float)V + eps);
+    }
+}
+
 /* ---- forward ---- */
 
 static void fwd_rows(const gdn_rmsnorm_config *c, const void *x, const void *z, const float *restrict w,
@@ -99,27 +126,36 @@ static void fwd_rows(const gdn_rmsnorm_config *c, const void *x, const void *z, 
 
 /* fwd_rows for bf16 without scratch, on the widest vectors (cpu/act.h): x
  * converted where read (twice: r, then y), the gate inline, y rounded where
- * formed; the same arithmetic as fwd_rows, so the same bits */
+ * formed; r as fwd_rows forms it (RSTD_ROWS rows' at once). With SiLU the
+ * gate is gdn_silu_bf16_v (no division; y is rounded to bf16), with the
+ * sigmoid gdn_sigmoid_v, fwd_rows' own. */
 static void fwd_rows_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, const uint16_t *restrict z,
                           const float *restrict w, uint16_t *restrict y, float *rstd, int64_t r0, int64_t r1) {
     const int V = c->V, silu = c->gate == GDN_NORM_GATE_SILU;
-    for (int64_t r = r0; r < r1; r++) {
-        const int64_t o = r * V;
-        const float rs = row_rstd_bf16(x + o, V, c->eps);
-        int i = 0;
-        for (; i + GDN_AVL <= V; i += GDN_AVL) {
-            const gdn_av zi = gdn_bf16_load_v(z + o + i);
-            gdn_av wi;
-            memcpy(&wi, w + i, sizeof wi);
-            const gdn_av g = silu ? gdn_silu_v(zi) : gdn_sigmoid_v(zi);
-            gdn_bf16_store_v(y + o + i, gdn_bf16_load_v(x + o + i) * rs * wi * g);
+    for (int64_t rb = r0; rb < r1; rb += RSTD_ROWS) {
+        const int nr = r1 - rb < RSTD_ROWS ? (int)(r1 - rb) : RSTD_ROWS;
+        float rsb[RSTD_ROWS];
+        if (nr == RSTD_ROWS) rows_rstd_bf16(x + rb * V, V, c->eps, rsb);
+        else
+            for (int q = 0; q < nr; q++) rsb[q] = row_rstd_bf16(x + (rb + q) * V, V, c->eps);
+        for (int q = 0; q < nr; q++) {
+            const int64_t r = rb + q, o = r * V;
+            const float rs = rsb[q];
+            int i = 0;
+            for (; i + GDN_AVL <= V; i += GDN_AVL) {
+                const gdn_av zi = gdn_bf16_load_v(z + o + i);
+                gdn_av wi;
+                memcpy(&wi, w + i, sizeof wi);
+                const gdn_av g = silu ? gdn_silu_bf16_v(zi) : gdn_sigmoid_v(zi);
+                gdn_bf16_store_v(y + o + i, gdn_bf16_load_v(x + o + i) * rs * wi * g);
+            }
+            for (; i < V; i++) {
+                const float zi = gdn_bf16_f32(z[o + i]);
+                const float g = silu ? zi / (1.f + gdn_expf(-zi)) : gdn_sigmoidf(zi);
+                y[o + i] = gdn_f32_bf16(gdn_bf16_f32(x[o + i]) * rs * w[i] * g);
+            }
+            if (rstd) rstd[r] = rs;
         }
-        for (; i < V; i++) {
-            const float zi = gdn_bf16_f32(z[o + i]);
-            const float g = silu ? zi / (1.f + gdn_expf(-zi)) : gdn_sigmoidf(zi);
-            y[o + i] = gdn_f32_bf16(gdn_bf16_f32(x[o + i]) * rs * w[i] * g);
-        }
-        if (rstd) rstd[r] = rs;
     }
 }
 
@@ -161,14 +197,19 @@ int gdn_cpu_rmsnorm_fwd(int threads, const gdn_rmsnorm_config *c, const void *x,
  * and x converted where used, the gate's sigmoid pair (cpu/act.h's form),
  * dz rounded and stored where formed, a . x summed as a is formed (sum_prod's
  * 16 partials, lane k taking i = k mod 16), then dx; the same arithmetic as
- * bwd_row, so the same bits */
-static void bwd_row_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, const uint16_t *restrict z,
-                         const float *restrict w, const float *rstd, const uint16_t *restrict dy, uint16_t *restrict dx,
-                         uint16_t *restrict dz, int64_t r, float *restrict ar, float *restrict dwp) {
+ * bwd_row, so the same bits. The first pass (a into ar, its row's r in *rs;
+ * returns c of dx = r (a - x c)), then the second: the caller runs the
+ * first of a few rows before their seconds, so that one row's sum, its
+ * reduction and c do not hold up the next row's work (bench/NOTES.md CPU
+ * v28) */
+static float bwd_pass1_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, const uint16_t *restrict z,
+                            const float *restrict w, const float *rstd, const uint16_t *restrict dy, uint16_t *restrict dz, int64_t r,
+                            float *restrict ar, float *restrict dwp, float *rs_out) {
     const int V = c->V;
     const int64_t o = r * V;
-    x += o; z += o; dy += o; dx += o; dz += o;
+    x += o; z += o; dy += o; dz += o;
     const float rs = rstd ? rstd[r] : row_rstd_bf16(x, V, c->eps);
+    *rs_out = rs;
     const int silu = c->gate == GDN_NORM_GATE_SILU;
     gdn_av acc[16 / GDN_AVL] = {{0}};
     int i = 0;
@@ -203,14 +244,19 @@ static void bwd_row_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x
         ar[i] = a0 * w[i] * g;
         ax[k] += ar[i] * xi;
     }
+    for (int h = 8; h >= 1; h /= 2)
+        for (int k = 0; k < h; k++) ax[k] += ax[k + h];
+    return ax[0] / (float)V * rs * rs;
+}
+static void bwd_pass2_bf16(const gdn_rmsnorm_config *c, const uint16_t *restrict x, uint16_t *restrict dx, int64_t r,
+                           const float *restrict ar, float rs, float cc) {
+    const int V = c->V;
+    x += r * V; dx += r * V;
     if (V == 1) {
         dx[0] = gdn_f32_bf16(rs * ar[0] * (c->eps * rs * rs));   /* as bwd_row */
         return;
     }
-    for (int h = 8; h >= 1; h /= 2)
-        for (int k = 0; k < h; k++) ax[k] += ax[k + h];
-    const float cc = ax[0] / (float)V * rs * rs;
-    i = 0;
+    int i = 0;
     for (; i + GDN_AVL <= V; i += GDN_AVL) {
         gdn_av a;
         memcpy(&a, ar + i, sizeof a);
@@ -260,6 +306,7 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
     const int64_t RB = GDN_RMSNORM_ROW_BLOCK, nb = (rows + RB - 1) / RB;
     const int nt = nb == 0 ? 1 : (int64_t)threads > nb ? (int)nb : threads;
     /* [nb, V] double partials of dw, then [nt, 6V] fp32 row scratch (the last V: the block's fp32 sums) */
+    _Static_assert(RSTD_ROWS <= 5, "bf16's rows of a fit the scratch before the sums");
     double *part = malloc((size_t)nb * V * sizeof(double) + (size_t)nt * 6 * V * sizeof(float));
     if (!part) return -1;
     float *scratch = (float *)(part + (size_t)nb * V);
@@ -269,15 +316,20 @@ int gdn_cpu_rmsnorm_bwd(int threads, const gdn_rmsnorm_config *c, const void *x,
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
+        /* bf16: xr .. snr hold RSTD_ROWS rows' a instead */
         float *xr = scratch + (size_t)tid * 6 * V, *zr = xr + V, *ar = zr + V, *sr = ar + V, *snr = sr + V, *dwf = snr + V;
         const unsigned m = gdn_ftz_begin();
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < nb; b++) {
             for (int i = 0; i < V; i++) dwf[i] = 0.f;
             const int64_t r1 = (b + 1) * RB < rows ? (b + 1) * RB : rows;
-            if (c->dtype == GDN_BF16)
-                for (int64_t r = b * RB; r < r1; r++)
-                    bwd_row_bf16(c, x, z, w, rstd, dy, dx, dz, r, ar, dwf);
+            if (c->dtype == GDN_BF16)   /* RSTD_ROWS rows' first passes, in row order (dwf's), then their seconds */
+                for (int64_t r = b * RB; r < r1; r += RSTD_ROWS) {
+                    const int nr = r1 - r < RSTD_ROWS ? (int)(r1 - r) : RSTD_ROWS;
+                    float rsq[RSTD_ROWS], ccq[RSTD_ROWS];
+                    for (int q = 0; q < nr; q++) ccq[q] = bwd_pass1_bf16(c, x, z, w, rstd, dy, dz, r + q, xr + q * V, dwf, &rsq[q]);
+                    for (int q = 0; q < nr; q++) bwd_pass2_bf16(c, x, dx, r + q, xr + q * V, rsq[q], ccq[q]);
+                }
             else
                 for (int64_t r = b * RB; r < r1; r++)
                     bwd_row(c, x, z, w, rstd, dy, dx, dz, r, xr, zr, ar, sr, snr, dwf);
