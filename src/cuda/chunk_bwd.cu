@@ -524,8 +524,9 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
             q.rw = wl.rw;
             WLAP(-1);
             if (w >= kw) {
-                q.kst = reinterpret_cast<const float *>(ks.keep + (w - kw) * p.N * wl.wn * HV * (int64_t)32768);
-                q.kst_rows = p.N * wl.wn * HV * 128;
+                const int64_t tiles = p.N * wl.wn * HV, tb = (int64_t)K * V * 2;   /* a window's tiles, a tile's bytes */
+                q.kst = reinterpret_cast<const float *>(ks.keep + (w - kw) * tiles * tb);
+                q.kst_rows = tiles * tb / 256;
                 q.ktag = ks.ckpt_tag + 2;
                 q.ktag_val = ktag;
             }

@@ -390,7 +390,7 @@ __device__ __forceinline__ bool states_kept(const ChunkArgs &p) { return p.wskip
 __device__ __forceinline__ char *keep_of(const ChunkArgs &p, int n, int i, int j) {
     if (!p.keep || i < p.keep_kw * p.ckpt_wn) return nullptr;
     const int64_t t = (int64_t)(i / p.ckpt_wn - p.keep_kw) * p.keep_stride + (int64_t)n * p.ckpt_wn + i % p.ckpt_wn;
-    return reinterpret_cast<char *>(p.keep) + (t * p.HV + j) * (int64_t)32768;
+    return reinterpret_cast<char *>(p.keep) + (t * p.HV + j) * ((int64_t)p.K * p.V * 2);   /* bf16 tiles */
 }
 /* where the state entering chunk i goes as a checkpoint (NULL: not one); sbase: (n, j)'s offset in h0 */
 __device__ __forceinline__ float *ckpt_of(const ChunkArgs &p, int i, int64_t sbase) {
