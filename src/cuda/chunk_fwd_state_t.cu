@@ -84,7 +84,8 @@ __device__ __forceinline__ void put_tile(char *sm, int i, char *dst, const float
 }
 
 /* ST: the backward's states mode (p.smode): each chunk's entering state
- * stored where p.states is not NULL; no q, P or o (X^T = S^T K^T alone); CK:
+ * stored where p.states is not NULL; no q, P or o (X^T = S^T K^T alone);
+ * also pass 1 of the split, which keeps only the segments' final states; CK:
  * the forward storing the backward's checkpoints (p.ckpt) and the tiles of
  * its last windows (p.keep). Separate instances, so the forward's code is
  * untouched */
@@ -107,10 +108,10 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
-    if (!ST && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) {   /* before any return: every forward sets both */
+    if (!ST && p.tag && blockIdx.x == 0 && tid == 0) {   /* before any return: every forward sets both */
         p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val; p.tag[2] = p.ktag_val;
     }
-    if (!walk_range(p, sg, nch_all, &i0, &nch) || ((ST || p.pass == 1) && walk_skipped(p)) || (ST && states_kept(p))) return;
+    if (!walk_range(p, sg, nch_all, &i0, &nch) || (ST && walk_skipped(p)) || (ST && states_kept(p))) return;
     const int64_t segslot = p.sc ? bos / ((int64_t)CC * p.sc) + n + sg : 0;
     /* pass 1 (a segment's map from a zero state): blocks past V's carry the columns
      * of P (K x K, from I, with v = 0) */
@@ -354,7 +355,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                            M::pack(o[4 * a + 2], o[4 * a + 3]), M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
                 gdn::bar_named(2 + cg, 128);
                 TPROF(7);
-                for (int x = tid & 127; x < (p.pass == 1 ? 0 : c) * 8; x += 128) {   /* pass 1 needs the final state only */
+                for (int x = tid & 127; x < c * 8; x += 128) {
                     const int r = x >> 3, c8 = (x & 7) * 8;
                     *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + cg * 64 + c8) =
                         *reinterpret_cast<const uint4 *>(Os + r * TSmem::LO + cg * 64 + c8);
@@ -414,7 +415,9 @@ cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const cha
                : p.ckpt ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, true>, p, ws, tm)
                         : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, false>, p, ws, tm);
     }
-    chunk_state_t_kernel<E, false, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* passes 1 and 3 */
+    /* pass 1 (the segments' maps: final states only) by the instance without q, P or O */
+    if (p.pass == 1) chunk_state_t_kernel<E, true, false><<<blocks, TT, TSmem::bytes_tl, st>>>(p, ws, tm);
+    else chunk_state_t_kernel<E, false, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* pass 3 */
     return cudaGetLastError();
 }
 template struct StateTPass<__nv_bfloat16>;
