@@ -59,22 +59,22 @@ __device__ __forceinline__ void wg_pass(int cg) { asm volatile("bar.arrive %0, 2
  * chain; bench/NOTES.md v5.42). Two stages, by chunk (i & 1); a stage is
  * written again two chunks later, after the first thread has seen the copy
  * before it read (wait_group.read before the warpgroup's barrier: the copy
- * from the other stage, so both are free by then). In the stage rows kr,
- * kr + 1 of columns d0, d0 ^ 1 meet in a lane pair, the even lane storing
- * row kr's pair, the odd one row kr + 1's. dst 16-byte aligned. */
-__device__ __forceinline__ void put_tile(char *sm, int i, char *dst, const float st[64], int g, int tq, int d0, int cg, int tid) {
+ * from the other stage, so both are free by then). The thread's pairs
+ * (S^T rows v, columns k, k + 1) are 8 x 8 matrices of the accumulator
+ * layout, stored transposed (tile rows k) by stmatrix.trans, four a call:
+ * matrix m of call qq is k block 2 qq + m / 2, v rows 8 (m & 1) of the
+ * warp's 16; lane l gives row l % 8 of matrix l / 8. dst 16-byte aligned. */
+__device__ __forceinline__ void put_tile(char *sm, int i, char *dst, const float st[64], int cg, int tid) {
     char *sb = sm + TSmem::tl + ((i & 1) * 2 + cg) * 16384 - cg * 16384;   /* s0_at's offsets less the warpgroup's half */
+    const int lane = tid & 31, m = lane >> 3, v0 = cg * 64 + ((tid >> 5) & 3) * 16 + 8 * (m & 1);
+    auto pk = [](float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    };
 #pragma unroll
-    for (int q = 0; q < 16; q++)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-            const int kr = 8 * q + 2 * tq, vc = d0 + 8 * (e >> 1);
-            const uint32_t h0 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e]));
-            const uint32_t h1 = __bfloat16_as_ushort(__float2bfloat16_rn(st[4 * q + e + 1]));
-            const uint32_t nb = __shfl_xor_sync(0xffffffffu, (g & 1) ? h0 : h1, 4);
-            if ((g & 1) == 0) *reinterpret_cast<uint32_t *>(sb + s0_at(kr, vc)) = h0 | nb << 16;
-            else *reinterpret_cast<uint32_t *>(sb + s0_at(kr + 1, vc - 1)) = nb | h1 << 16;
-        }
+    for (int qq = 0; qq < 8; qq++)
+        stsm4t(sb + s0_at(8 * (2 * qq + (m >> 1)) + (lane & 7), v0), pk(st[8 * qq], st[8 * qq + 1]), pk(st[8 * qq + 2], st[8 * qq + 3]),
+               pk(st[8 * qq + 4], st[8 * qq + 5]), pk(st[8 * qq + 6], st[8 * qq + 7]));
     fence_async_smem();   /* the stage's generic writes before the copy reads it */
     if ((tid & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     gdn::bar_named(8 + cg, 128);
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
             const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
             if (ST && p.states) {   /* the state entering chunk i, this thread's part, by 32-byte row pieces */
                 float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * ((int64_t)p.K * p.V / (p.st16 ? 2 : 1));   /* tiles: half */
-                if (p.st16) put_tile(sm, i, reinterpret_cast<char *>(sd), st, g, tq, d0, cg, tid);
+                if (p.st16) put_tile(sm, i, reinterpret_cast<char *>(sd), st, cg, tid);
                 else
 #pragma unroll
                     for (int q = 0; q < 16; q++)
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                         }
             }
             if (CK)
-                if (char *kt = keep_of(p, n, i, j)) put_tile(sm, i, kt, st, g, tq, d0, cg, tid);   /* for the backward's last windows */
+                if (char *kt = keep_of(p, n, i, j)) put_tile(sm, i, kt, st, cg, tid);   /* for the backward's last windows */
             mb_wait(full + sl, par);
             TPROF(0);
             if (c < CC) {   /* a sequence's last chunk: rows past it are another sequence's; k and v rows to zero
