@@ -1,7 +1,7 @@
 /* CUDA chunk forward, kernel 2t (the state walk transposed: K = 128, whole
  * 128-column blocks of V, q, k and v by the TMA): S^T in the registers of two
  * warpgroups as the A operand of every state product; its launcher, which
- * makes pass 0 a programmatic dependent of the prep kernel. */
+ * makes each pass a programmatic dependent of the kernel before it. */
 #include "cuda/chunk_fwd.cuh"
 
 namespace gdn {
@@ -136,6 +136,11 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         bulk_copy(stg + TStage::rec, ws + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
     };
 
+    /* a programmatic launch whose starting state the kernel before it may have written (pass 3:
+     * the scan's incoming states; the backward's states mode: a checkpoint, or the split's h0
+     * rows from its folds) waits for that kernel first; the forward's passes 0 and 1 start from
+     * the caller's h0 or from constants */
+    if (p.pass == 3 || p.smode) asm volatile("griddepcontrol.wait;" ::: "memory");
     /* S^T: st[4 i + e] = S[k = 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] */
     float st[64];
 #pragma unroll
@@ -150,7 +155,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
         cnt[0] = cnt[1] = 0;
     }
     __syncthreads();
-    /* a programmatic launch (pass 0) comes here while the prep kernel runs: its records from now on */
+    /* a programmatic launch comes here while the kernel before it runs: its results from now on */
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (tid == 0) {
         if (i0 < nch) fetch(i0);
@@ -403,22 +408,20 @@ template <typename E> cudaError_t StateTPass<E>::attr() {
 }
 template <typename E>
 cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
-    if (p.pass == 0) {   /* a programmatic dependent of the prep kernel: its launch and prologue overlap the prep's tail */
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t lc = {};
-        lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.stream = st;
-        lc.dynamicSmemBytes = p.smode || p.ckpt ? TSmem::bytes_tl : TSmem::bytes;
-        lc.attrs = at; lc.numAttrs = 1;
-        return p.smode  ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true, false>, p, ws, tm)
-               : p.ckpt ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, true>, p, ws, tm)
-                        : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, false>, p, ws, tm);
-    }
-    /* pass 1 (the segments' maps: final states only) by the instance without q, P or O */
-    if (p.pass == 1) chunk_state_t_kernel<E, true, false><<<blocks, TT, TSmem::bytes_tl, st>>>(p, ws, tm);
-    else chunk_state_t_kernel<E, false, false><<<blocks, TT, TSmem::bytes, st>>>(p, ws, tm);   /* pass 3 */
-    return cudaGetLastError();
+    /* a programmatic dependent of the kernel before it (the prep for passes 0 and 1, the scan for
+     * pass 3): its launch and prologue overlap that kernel's tail, and it waits for that kernel
+     * before it reads what it wrote. Pass 1 (the segments' maps: final states only) by the
+     * instance without q, P or O */
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.stream = st;
+    lc.dynamicSmemBytes = p.smode || p.ckpt || p.pass == 1 ? TSmem::bytes_tl : TSmem::bytes;
+    lc.attrs = at; lc.numAttrs = 1;
+    return p.smode || p.pass == 1 ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true, false>, p, ws, tm)
+           : p.ckpt               ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, true>, p, ws, tm)
+                                  : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, false>, p, ws, tm);
 }
 template struct StateTPass<__nv_bfloat16>;
 template struct StateTPass<__half>;
