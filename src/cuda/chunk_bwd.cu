@@ -332,16 +332,17 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
 int ckpt_tag(int64_t wn) { return 0x47440000 | (int)(wn & 0xffff); }
 
 /* the first of the windows whose forward states the forward keeps as tiles
- * in saved (room for nkeep chunks a sequence and value head): the last half
- * of them, or fewer where they do not fit; wl.nw where none (no windows, the
- * fused pass not run) and *ktag their tag (saved's tag[2]). Those windows'
+ * in saved (sl.keep, room for sl.nkeep chunks a sequence and value head,
+ * 256-byte aligned for the TMA's rows): the last half of them, or fewer
+ * where they do not fit; wl.nw where none (no room, no windows, the fused
+ * pass not run) and *ktag their tag (saved's tag[2]). Those windows'
  * states are then not walked again (at qwen3next on an H200 the backward
  * -0.12 ms a window, the forward's stores +0.05: bench/NOTES.md v5.42) */
-int64_t kept_windows(const gdn_plan *pl, const WsLayout &wl, int64_t nkeep, int *ktag) {
+int64_t kept_windows(const gdn_plan *pl, const WsLayout &wl, const gdn_saved_layout &sl, int *ktag) {
     *ktag = 0;
-    if (!wl.rw || wl.sc || !fused_plan(pl)) return wl.nw;
+    if (!sl.keep || (reinterpret_cast<uintptr_t>(sl.keep) & 255) || !wl.rw || wl.sc || !fused_plan(pl)) return wl.nw;
     int64_t kw = wl.nw - wl.nw / 2;
-    while (kw < wl.nw && (wl.nw - kw) * wl.wn > nkeep) kw++;
+    while (kw < wl.nw && (wl.nw - kw) * wl.wn > sl.nkeep) kw++;
     if (kw < wl.nw) *ktag = ckpt_tag(wl.wn) ^ (int)(kw << 20);
     return kw;
 }
@@ -513,7 +514,7 @@ cudaError_t run(const gdn_plan *pl, const gdn_bwd_args *a, BwdArgs p, const WsLa
          * does nothing and the fused pass reads the tiles there, where saved's tag says so */
         const gdn_saved_layout ks = gdn_saved_at(&pl->c, const_cast<void *>(a->saved));
         int ktag = 0;
-        const int64_t kw = ks.keep && (reinterpret_cast<uintptr_t>(ks.keep) & 255) == 0 ? kept_windows(pl, wl, ks.nkeep, &ktag) : wl.nw;
+        const int64_t kw = kept_windows(pl, wl, ks, &ktag);
         Grp G;
         G.s0 = 0; G.scr = nullptr; G.o = o; G.cl = true;
         for (int64_t w = wl.nw - 1; w >= 0; w--) {
@@ -626,8 +627,8 @@ using namespace gdn::cbwd;
 
 extern "C" size_t gdn_cuda_chunk_bwd_ws(const gdn_plan *pl) { return ws_layout(pl).total; }
 
-extern "C" int gdn_cuda_chunk_bwd_kept(const gdn_plan *pl, int64_t nkeep, int *ktag) {
-    return (int)kept_windows(pl, ws_layout(pl), nkeep, ktag);
+extern "C" int gdn_cuda_chunk_bwd_kept(const gdn_plan *pl, const gdn_saved_layout *sl, int *ktag) {
+    return (int)kept_windows(pl, ws_layout(pl), *sl, ktag);
 }
 
 extern "C" int gdn_cuda_chunk_bwd_windows(const gdn_plan *pl, int64_t *wn, int *tag) {

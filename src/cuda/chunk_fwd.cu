@@ -242,7 +242,7 @@ extern "C" gdn_status gdn_cuda_chunk_fwd(const gdn_plan *pl, const gdn_fwd_args 
         /* and the last windows' states as the fused pass's tiles where saved has room (the walk
          * stores them as it passes: the backward walks only the windows before them again) */
         int ktag = 0;
-        const int kw = sl.keep && (reinterpret_cast<uintptr_t>(sl.keep) & 255) == 0 ? gdn_cuda_chunk_bwd_kept(pl, sl.nkeep, &ktag) : nw;
+        const int kw = gdn_cuda_chunk_bwd_kept(pl, &sl, &ktag);
         if (kw < nw) {
             p.keep = reinterpret_cast<float *>(sl.keep);
             p.keep_kw = kw; p.ktag_val = ktag;

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(ST, 1) chunk_state_kernel(ChunkArgs p, const c
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
-    if (!STS && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) {   /* before any return: every forward sets both */
+    if (!STS && p.tag && blockIdx.x == 0 && tid == 0 && p.pass != 1) {   /* before any return: every forward sets the tags */
         p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val; p.tag[2] = p.ktag_val;
     }
     if (!walk_range(p, sg, nch_all, &i0, &nch) || ((STS || p.pass == 1) && walk_skipped(p))) return;

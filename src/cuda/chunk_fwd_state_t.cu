@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);
     int i0, nch;   /* chunks [i0, nch) */
-    if (!ST && p.tag && blockIdx.x == 0 && tid == 0) {   /* before any return: every forward sets both */
+    if (!ST && p.tag && blockIdx.x == 0 && tid == 0) {   /* before any return: every forward sets the tags */
         p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val; p.tag[2] = p.ktag_val;
     }
     if (!walk_range(p, sg, nch_all, &i0, &nch) || (ST && walk_skipped(p)) || (ST && states_kept(p))) return;

@@ -94,11 +94,11 @@ int gdn_cuda_chunk_states(const gdn_plan *p, const gdn_fwd_args *a, int64_t w0, 
  * the tag the forward's checkpoints of them carry in saved (gdn_saved_at) */
 int gdn_cuda_chunk_bwd_windows(const gdn_plan *p, int64_t *wn, int *tag);
 /* the first of those windows whose forward states the forward keeps in saved
- * as the fused pass's bf16 tiles (gdn_saved_keep: nkeep chunks a sequence
- * and value head): the last windows that fit there, and the tag they carry
- * (saved's tag[2]); the window count (none kept) where none fit or the fused
- * pass does not run */
-int gdn_cuda_chunk_bwd_kept(const gdn_plan *p, int64_t nkeep, int *ktag);
+ * as the fused pass's bf16 tiles (sl->keep: gdn_saved_keep's nkeep chunks a
+ * sequence and value head): the last windows that fit there, and the tag
+ * they carry (saved's tag[2]); the window count (none kept) where none fit,
+ * sl->keep is not 256-byte aligned or the fused pass does not run */
+int gdn_cuda_chunk_bwd_kept(const gdn_plan *p, const gdn_saved_layout *sl, int *ktag);
 /* where gdn_cuda_chunk_seg_maps leaves them in ws (nothing queued) */
 void gdn_cuda_chunk_seg_maps_at(const gdn_plan *p, int sc, void *ws, float **seg_p, float **seg_s);
 gdn_status gdn_cuda_recurrent_map(const gdn_plan *p, const gdn_fwd_args *a, int need_P, float *map, void *stream);
