@@ -83,7 +83,8 @@ template <int SW> __device__ __forceinline__ void seg_h0_block(const SegView &v,
         const float *P = maps_p(v) + (slot * v.HV + j) * (int64_t)K * K, *S = maps_s(v) + (slot * v.HV + j) * (int64_t)K * V;
         const float *Pn = s + 2 < m ? maps_p(v) + (fwd_slot(v, n, s + 1) * v.HV + j) * (int64_t)K * K : nullptr;
         gdn::fold_step<SW, false>(
-            fp, P, Pn, K, sx, [&](int i) { return ok ? S[(int64_t)i * V + vc] : 0.f; }, [&](int i, float acc) { xn[i * SW + c] = acc; });
+            fp, P, Pn, K, sx, [&](int i, int cc) { return cs * SW + cc < V ? S[(int64_t)i * V + cs * SW + cc] : 0.f; },
+            [&](int i, int cc, float acc) { xn[i * SW + cc] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
     }
@@ -121,8 +122,8 @@ template <int SW> __device__ __forceinline__ void seg_dht_block(const SegView &v
         const float *P = maps_p(v) + (fwd_slot(v, n, s) * v.HV + j) * (int64_t)K * K,
                     *Pn = s > 0 ? maps_p(v) + (fwd_slot(v, n, s - 1) * v.HV + j) * (int64_t)K * K : nullptr;
         gdn::fold_step<SW, true>(
-            fp, P, Pn, K, sx, [&](int i) { return ok && add ? dsl[st_at(v, f + s, j, i, vc)] : 0.f; },
-            [&](int i, float acc) { xn[i * SW + c] = acc; });
+            fp, P, Pn, K, sx, [&](int i, int cc) { return cs * SW + cc < V && add ? dsl[st_at(v, f + s, j, i, cs * SW + cc)] : 0.f; },
+            [&](int i, int cc, float acc) { xn[i * SW + cc] = acc; });
         for (int i = threadIdx.x / SW; i < K; i += blockDim.x / SW) sx[i * SW + c] = xn[i * SW + c];
         __syncthreads();
     };

@@ -31,10 +31,11 @@ template <int SCW> __global__ void __launch_bounds__(gdn::FOLD_NT, gdn::FOLD_PER
         const float *P = p.seg_p + (slot * p.HV + j) * p.K * p.K, *L = p.seg_s + (slot * p.HV + j) * p.K * p.V;
         float *out = p.seg_in + ((slot + 1) * p.HV + j) * p.K * p.V;
         gdn::fold_step<SCW, false>(
-            fp, P, s + 2 < nseg ? P + (int64_t)p.HV * p.K * p.K : nullptr, p.K, sv, [&](int i) { return vc < p.V ? L[(int64_t)i * p.V + vc] : 0.f; },
-            [&](int i, float acc) {
-                sn[i * SCW + c] = acc;
-                if (vc < p.V) out[(int64_t)i * p.V + vc] = acc;
+            fp, P, s + 2 < nseg ? P + (int64_t)p.HV * p.K * p.K : nullptr, p.K, sv,
+            [&](int i, int cc) { return cs * SCW + cc < p.V ? L[(int64_t)i * p.V + cs * SCW + cc] : 0.f; },
+            [&](int i, int cc, float acc) {
+                sn[i * SCW + cc] = acc;
+                if (cs * SCW + cc < p.V) out[(int64_t)i * p.V + cs * SCW + cc] = acc;
             });
         for (int i = threadIdx.x / SCW; i < p.K; i += blockDim.x / SCW) sv[i * SCW + c] = sn[i * SCW + c];
         __syncthreads();

@@ -58,8 +58,12 @@ __global__ void __launch_bounds__(NTH) compose_kernel(const float *seg_p, const 
         const float *P = seg_p + ((int64_t)s * HV + j) * K * K, *S = seg_s + ((int64_t)s * HV + j) * K * V;
         const float *Pn = s + 1 < nseg ? P + (int64_t)HV * K * K : nullptr;
         gdn::fold_step<CW, false>(
-            fp, P, Pn, K, sx, [&](int i) { return (!pc && valid) ? S[(int64_t)i * V + vc] : 0.f; },
-            [&](int i, float acc) { xn[i * CW + c] = acc; });
+            fp, P, Pn, K, sx,
+            [&](int i, int cc) {
+                const int cl = cs * CW + cc;   /* column cc's: P's below K, S's from K */
+                return cl >= K && cl < K + V ? S[(int64_t)i * V + cl - K] : 0.f;
+            },
+            [&](int i, int cc, float acc) { xn[i * CW + cc] = acc; });
         for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
         __syncthreads();
     }
@@ -88,8 +92,8 @@ __global__ void __launch_bounds__(NTH) scan_kernel(const float *maps, int rank, 
     const int first = backward ? world - 1 : 0, last = backward ? rank + 1 : rank - 1, step = backward ? -1 : 1;
     for (int r = first; backward ? r >= last : r <= last; r += step) {
         const float *P = maps + ((int64_t)r * HV + j) * mf, *S = P + (int64_t)K * K;
-        const auto add = [&](int i) { return valid ? S[(int64_t)i * V + vc] : 0.f; };
-        const auto put = [&](int i, float acc) { xn[i * CW + c] = acc; };
+        const auto add = [&](int i, int cc) { return cs * CW + cc < V ? S[(int64_t)i * V + cs * CW + cc] : 0.f; };
+        const auto put = [&](int i, int cc, float acc) { xn[i * CW + cc] = acc; };
         const float *Pn = r != last ? P + (int64_t)step * HV * mf : nullptr;
         if (backward) gdn::fold_step<CW, true>(fp, P, Pn, K, sx, add, put);
         else gdn::fold_step<CW, false>(fp, P, Pn, K, sx, add, put);
@@ -220,8 +224,12 @@ __global__ void __launch_bounds__(NTH) rcompose_kernel(const float *seg_p, const
     for (int s = nseg - 2; s >= 0; s--) {
         const float *P = seg_p + ((int64_t)s * HV + j) * K * K;
         gdn::fold_step<CW, true>(
-            fp, P, s > 0 ? P - (int64_t)HV * K * K : nullptr, K, sx, [&](int i) { return valid ? dsl[s * st + (int64_t)j * K * V + at_state(vfirst, K, V, i, vc)] : 0.f; },
-            [&](int i, float acc) { xn[i * CW + c] = acc; });
+            fp, P, s > 0 ? P - (int64_t)HV * K * K : nullptr, K, sx,
+            [&](int i, int cc) {
+                const int vcc = cs * CW + cc;
+                return vcc < V ? dsl[s * st + (int64_t)j * K * V + at_state(vfirst, K, V, i, vcc)] : 0.f;
+            },
+            [&](int i, int cc, float acc) { xn[i * CW + cc] = acc; });
         for (int i = threadIdx.x / CW; i < K; i += NTH / CW) sx[i * CW + c] = xn[i * CW + c];
         __syncthreads();
     }

@@ -3,22 +3,21 @@
  * forward's scan over its segments, the backward split's h0 and dht folds,
  * context parallel's composes and scans all walk their maps with it:
  *
- *     put(i, add(i) + sum_k A[i][k] x[k][c])   for every row i < K,
+ *     put(i, c, add(i, c) + sum_k A[i][k] x[k][c])   for every row i < K, column c < W,
  *
  * A = M (TRANS false) or M^T (TRANS true), M a K x K fp32 matrix in global
- * memory (row-major), x [K][W] in shared memory, c = threadIdx.x % W the
- * thread's column. M comes into shared memory first (fold_ld(K) floats a
- * row; 128 rows at a time), by 16-byte cp.async where it is aligned. Where
- * K <= 128 and the launch gave room for two copies, the step is given the
- * next step's M and copies it into the other while it computes (FoldPipe):
- * a step then waits for no memory but its add terms, which each thread
- * loads before its products (at W = 8). The caller's Mnext must be the M of
- * its next fold_step call (or NULL): the next step uses the copy as it is.
- * A thread makes four rows of its column (again every 4 * 256 / W rows):
- * with M^T four consecutive rows at one k are one 16-byte read of Ms; with
- * M each row is read 4 k at a time. Barriers: after each round's staging,
- * before the next round's, and one at the end (x may then be overwritten);
- * every thread of the block calls it. */
+ * memory (row-major), x [K][W] in shared memory (16-byte aligned). M comes
+ * into shared memory first (fold_ld(K) floats a row; 128 rows at a time),
+ * by 16-byte cp.async where it is aligned. Where K <= 128 and the launch
+ * gave room for two copies, the step is given the next step's M and copies
+ * it into the other while it computes (FoldPipe): a step then waits for no
+ * memory but its add terms, which each thread loads before its products
+ * (at W = 8). The caller's Mnext must be the M of its next fold_step call
+ * (or NULL): the next step uses the copy as it is. Which thread makes which
+ * (i, c) is fold_step's (below); add and put are called by that thread.
+ * Barriers: after each round's staging, before the next round's, and one
+ * at the end (x may then be overwritten); every thread of the block calls
+ * it. */
 #pragma once
 #include "cuda/common.cuh"
 
@@ -99,45 +98,62 @@ __device__ __forceinline__ void stage(const float *M, int K, int rb, int nr, flo
 }
 }  // namespace fold_detail
 
+/* M's rows [rb, rb + nr) in shared memory for this round (the copy made
+ * during the step before, or staged now), then the next step's M into the
+ * other buffer where the launch has it (read last by the step before, which
+ * ended at a barrier) */
+__device__ __forceinline__ float *fold_round(FoldPipe &fp, const float *M, const float *Mnext, int K, int rb, int nr, bool v16) {
+    float *Ms = fp.now();
+    if (fp.staged) {
+        cp_wait_all();
+    } else {
+        if (rb) __syncthreads();   /* the previous round's Ms no longer read */
+        fold_detail::stage(M, K, rb, nr, Ms, v16);
+        if (v16) cp_wait_all();
+    }
+    __syncthreads();
+    fp.staged = false;
+    if (Mnext && fp.ms1 && fold_detail::aligned16(Mnext, K)) {
+        fold_detail::stage(Mnext, K, 0, K, fp.next(), true);
+        fp.staged = true;
+    }
+    return Ms;
+}
+
 /* Mnext: the next step's M (or NULL), copied into the other buffer during
- * this step where K <= FOLD_RB and it is aligned */
+ * this step where K <= FOLD_RB and it is aligned. add(i, c) and put(i, c,
+ * value) take row i and column c < W; each (i, c) is one thread's, once.
+ * M^T (TRANS): a thread makes four rows of column tid % W (again every
+ * 4 * 256 / W rows), four consecutive rows at one k being one 16-byte read
+ * of Ms. M: a thread makes one row (tid / 2, again every 128 rows) and W / 2
+ * columns (tid % 2 picks the half), each element of M read from shared
+ * memory twice a block (where four rows a column had read it W times). Every
+ * sum runs over k in the same order either way: k in fours, each four as
+ * fma(m0, x0, fma(m1, x1, fma(m2, x2, fma(m3, x3, acc)))). */
 template <int W, bool TRANS, typename FA, typename FP>
 __device__ __forceinline__ void fold_step(FoldPipe &fp, const float *M, const float *Mnext, int K, const float *x, const FA &add,
                                           const FP &put) {
-    constexpr int RS = 4 * FOLD_NT / W;   /* rows the block's threads make in one sweep (four each) */
-    constexpr int NG = 256 / RS;          /* the thread's groups of four rows, K <= 256 */
-    static_assert(FOLD_RB % RS == 0, "a round is whole sweeps");
-    const int tid = threadIdx.x, ld = fold_ld(K), K4 = (K + 3) / 4 * 4, c = tid % W, rg = tid / W;
-    /* the add terms first where a thread has few rows (W = 8): their loads
-     * in flight under the products; at W = 16 their 16 registers would spill */
-    constexpr bool EARLY = NG <= 2;
-    float a[NG][4] = {}, ad[NG][4] = {};
-#pragma unroll
-    for (int g = 0; g < NG; g++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int i = 4 * rg + RS * g + r;
-            if (EARLY && i < K) ad[g][r] = add(i);
-        }
+    const int tid = threadIdx.x, ld = fold_ld(K), K4 = (K + 3) / 4 * 4;
     const bool v16 = fold_detail::aligned16(M, K);
-    for (int rb = 0; rb < K; rb += FOLD_RB) {
-        const int nr = K - rb < FOLD_RB ? K - rb : FOLD_RB;
-        float *Ms = fp.now();
-        if (fp.staged) {
-            cp_wait_all();
-        } else {
-            if (rb) __syncthreads();   /* the previous round's Ms no longer read */
-            fold_detail::stage(M, K, rb, nr, Ms, v16);
-            if (v16) cp_wait_all();
-        }
-        __syncthreads();
-        fp.staged = false;
-        /* the next step's M into the other buffer (read last by the step before, which ended at a barrier) */
-        if (Mnext && fp.ms1 && fold_detail::aligned16(Mnext, K)) {
-            fold_detail::stage(Mnext, K, 0, K, fp.next(), true);
-            fp.staged = true;
-        }
-        if (TRANS) {   /* A[i][k] = M[k][i]: this round's k, every row i */
+    if constexpr (TRANS) {
+        constexpr int RS = 4 * FOLD_NT / W;   /* rows the block's threads make in one sweep (four each) */
+        constexpr int NG = 256 / RS;          /* the thread's groups of four rows, K <= 256 */
+        static_assert(FOLD_RB % RS == 0, "a round is whole sweeps");
+        const int c = tid % W, rg = tid / W;
+        /* the add terms first where a thread has few rows (W = 8): their loads
+         * in flight under the products; at W = 16 their 16 registers would spill */
+        constexpr bool EARLY = NG <= 2;
+        float a[NG][4] = {}, ad[NG][4] = {};
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = 4 * rg + RS * g + r;
+                if (EARLY && i < K) ad[g][r] = add(i, c);
+            }
+        for (int rb = 0; rb < K; rb += FOLD_RB) {   /* A[i][k] = M[k][i]: this round's k, every row i */
+            const int nr = K - rb < FOLD_RB ? K - rb : FOLD_RB;
+            const float *Ms = fold_round(fp, M, Mnext, K, rb, nr, v16);
 #pragma unroll
             for (int g = 0; g < NG; g++) {
                 const int i0 = 4 * rg + RS * g;
@@ -150,35 +166,66 @@ __device__ __forceinline__ void fold_step(FoldPipe &fp, const float *M, const fl
                     a[g][2] = fmaf(m.z, xk, a[g][2]); a[g][3] = fmaf(m.w, xk, a[g][3]);
                 }
             }
-        } else {       /* this round's rows i (the thread's groups in [rb, rb + nr)), every k */
+        }
 #pragma unroll
-            for (int g = 0; g < NG; g++) {
-                const int i0 = 4 * rg + RS * g;
-                if (i0 < rb || i0 >= rb + nr) continue;
-                float b[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int g = 0; g < NG; g++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = 4 * rg + RS * g + r;
+                if (i < K) put(i, c, (EARLY ? ad[g][r] : add(i, c)) + a[g][r]);
+            }
+    } else {
+        constexpr int CH = W / 2;                 /* the thread's columns */
+        constexpr int NG = 256 / (FOLD_NT / 2);   /* its rows, K <= 256: one a round */
+        static_assert(FOLD_RB == FOLD_NT / 2, "a round is one sweep of rows");
+        const int c0 = (tid & 1) * CH, r = tid >> 1;
+        constexpr bool EARLY = NG * CH <= 8;
+        float ad[NG][CH] = {};
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+#pragma unroll
+            for (int q = 0; q < CH; q++) {
+                const int i = r + FOLD_RB * g;
+                if (EARLY && i < K) ad[g][q] = add(i, c0 + q);
+            }
+        float a[NG][CH] = {};
+#pragma unroll
+        for (int g = 0; g < NG; g++) {   /* round g: the thread's row in it, every k */
+            const int rb = FOLD_RB * g;
+            if (rb >= K) break;
+            const int nr = K - rb < FOLD_RB ? K - rb : FOLD_RB;
+            const float *Ms = fold_round(fp, M, Mnext, K, rb, nr, v16);
+            if (r < nr) {
+                float b[CH];
+#pragma unroll
+                for (int q = 0; q < CH; q++) b[q] = 0.f;
 #pragma unroll 2
                 for (int k = 0; k < K4; k += 4) {
-                    const float x0 = x[k * W + c], x1 = k + 1 < K ? x[(k + 1) * W + c] : 0.f,
-                                x2 = k + 2 < K ? x[(k + 2) * W + c] : 0.f, x3 = k + 3 < K ? x[(k + 3) * W + c] : 0.f;
+                    const float4 m = *reinterpret_cast<const float4 *>(Ms + r * ld + k);
+                    float xv[4][CH];
 #pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const int ri = i0 + r < rb + nr ? i0 + r - rb : 0;
-                        const float4 m = *reinterpret_cast<const float4 *>(Ms + ri * ld + k);
-                        b[r] = fmaf(m.x, x0, fmaf(m.y, x1, fmaf(m.z, x2, fmaf(m.w, x3, b[r]))));
-                    }
+                    for (int e = 0; e < 4; e++)
+#pragma unroll
+                        for (int q = 0; q < CH; q += 4) {
+                            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                            if (k + e < K) v = *reinterpret_cast<const float4 *>(x + (k + e) * W + c0 + q);
+                            xv[e][q] = v.x; xv[e][q + 1] = v.y; xv[e][q + 2] = v.z; xv[e][q + 3] = v.w;
+                        }
+#pragma unroll
+                    for (int q = 0; q < CH; q++) b[q] = fmaf(m.x, xv[0][q], fmaf(m.y, xv[1][q], fmaf(m.z, xv[2][q], fmaf(m.w, xv[3][q], b[q]))));
                 }
 #pragma unroll
-                for (int r = 0; r < 4; r++) a[g][r] = b[r];
+                for (int q = 0; q < CH; q++) a[g][q] = b[q];
             }
         }
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+#pragma unroll
+            for (int q = 0; q < CH; q++) {
+                const int i = r + FOLD_RB * g;
+                if (i < K) put(i, c0 + q, (EARLY ? ad[g][q] : add(i, c0 + q)) + a[g][q]);
+            }
     }
-#pragma unroll
-    for (int g = 0; g < NG; g++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int i = 4 * rg + RS * g + r;
-            if (i < K) put(i, (EARLY ? ad[g][r] : add(i)) + a[g][r]);
-        }
     if (fp.staged) fp.cur = !fp.cur;
     __syncthreads();
 }
