@@ -704,6 +704,9 @@ static void maps_case(gdn_dtype dt, int HV, unsigned flags, uint64_t seed) {
 }
 
 static const int64_t lens_ks[] = {0, 1, 200, 65, 0, 130};
+/* uneven sequences whose blocks (12 x 16 value heads) outnumber the SMs: the forward's walk and the
+ * fused pass take them longest first (common.cuh longest_first) */
+static const int64_t lens_lpt[] = {0, 1, 300, 65, 700, 130, 64, 190, 450, 2, 257, 129};
 static void test_cuda_chunk_bwd(rng *r) {
     const gdn_dtype dts[3] = {GDN_F32, GDN_BF16, GDN_F16};
     const unsigned L2 = GDN_QK_L2NORM, GF = GDN_GATE_FUSED, BS = GDN_BETA_SIGMOID, BN = GDN_BETA_NEGATIVE, VF = GDN_STATE_V_FIRST;
@@ -822,6 +825,9 @@ static void test_cuda_chunk_bwd(rng *r) {
         bcase d = {.B = 1, .T = 2100, .H = 1, .HV = 4, .K = 128, .V = 128, .dt = GDN_BF16, .gdt = GDN_F32, .flags = L2 | GF | BS,
                    .gmode = BG_NORMAL, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1, .split = 3};
         bwd_case(&d, rng_u64(r));
+        bcase e = {.H = 8, .HV = 16, .K = 128, .V = 128, .lens = lens_lpt, .nseq = 12, .dt = GDN_BF16, .gdt = GDN_F32,
+                   .flags = L2 | GF | BS, .gmode = BG_NORMAL, .h0 = 1, .dht = 1, .dh0 = 1, .dtb = 1};
+        bwd_case(&e, rng_u64(r));
     }
     /* sequences split into segments that both sweeps walk at once (bf16 / f16; f32 walks whole sequences):
      * forced counts, one long sequence and varlen with empty, short and long ones, and the automatic
@@ -931,6 +937,7 @@ void test_cuda(void) {
     /* many (sequence, value head) pairs: the scan over segments at 16 columns a block (fold.cuh's
      * fold_width: 512 blocks at 8 columns, over two an SM on a card of up to 255 SMs) */
     fwd_case(1, 2, 8, 300, 2, 4, 128, 128, NULL, 0, GDN_BF16, fsets[1], 1, rng_u64(&r));
+    fwd_case(1, 0, 1, 0, 8, 16, 128, 128, lens_lpt, 12, GDN_BF16, fsets[1], 1, rng_u64(&r));   /* longest first */
     /* few rows take the warp-per-columns kernel, many rows (here 300 x 8 heads x 2
      * column groups) the 4-warp one, K = 256 always the 4-warp one */
     const int dshapes[][5] = {{1, 16, 32, 128, 128}, {5, 2, 4, 24, 40}, {7, 1, 3, 64, 64}, {33, 2, 2, 256, 17},

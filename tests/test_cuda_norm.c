@@ -161,6 +161,8 @@ static void rmsnorm_bwd_case(int64_t rows, int V, gdn_dtype dt, gdn_norm_gate g,
     for (int i = 0; i < V; i++) { w[i] = (float)(1 + 0.2 * rng_normal(&r)); wd[i] = w[i]; }
     gdn_ref_rmsnorm_fwd(rows, V, eps, g, xd, zd, wd, yr, rsr);
     gdn_ref_rmsnorm_bwd(rows, V, eps, g, xd, zd, wd, dyd, dxr, dzr, dwr);
+    double *dx_terms2 = dvec(n), *dw_terms2 = dvec(V);   /* dx and dw are sums that can cancel (DESIGN.md §5) */
+    gdn_ref_rmsnorm_bwd_terms(rows, V, eps, g, xd, zd, wd, dyd, dx_terms2, dw_terms2);
     for (int64_t i = 0; i < rows; i++) rs[i] = (float)rsr[i];   /* the forward's rstd */
     const gdn_rmsnorm_config c = {rows, V, dt, eps, g};
 
@@ -180,13 +182,13 @@ static void rmsnorm_bwd_case(int64_t rows, int V, gdn_dtype dt, gdn_norm_gate g,
     gdn_status s = gdn_rmsnorm_gated_bwd(&ex, &c, ddx_in, dzin, dw_in, give_rstd ? drs : NULL, ddy, ddx, ddz, ddw);
     if (ran(ctx, s)) {
         const double bg = bound_grad(dt);
-        dclose(ctx, "dx", dt, ddx, dxr, n, bg);
+        dclose_terms(ctx, "dx", dt, ddx, dxr, dx_terms2, n, bg);
         dclose(ctx, "dz", dt, ddz, dzr, n, bg);
-        dclose(ctx, "dw", GDN_F32, ddw, dwr, V, bg);
+        dclose_terms(ctx, "dw", GDN_F32, ddw, dwr, dw_terms2, V, bg);
         if (hs == GDN_OK) {
-            dclose(ctx, "dx vs the CPU backend", dt, ddx, cdx, n, bg);
+            dclose_terms(ctx, "dx vs the CPU backend", dt, ddx, cdx, dx_terms2, n, bg);
             dclose(ctx, "dz vs the CPU backend", dt, ddz, cdz, n, bg);
-            dclose(ctx, "dw vs the CPU backend", GDN_F32, ddw, cdw, V, bg);
+            dclose_terms(ctx, "dw vs the CPU backend", GDN_F32, ddw, cdw, dw_terms2, V, bg);
         }
         const obuf o[3] = {{ddx, dt, n}, {ddz, dt, n}, {ddw, GDN_F32, (size_t)V}};
         void *keep[3];
@@ -199,6 +201,7 @@ static void rmsnorm_bwd_case(int64_t rows, int V, gdn_dtype dt, gdn_norm_gate g,
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     free(xd); free(zd); free(dyd); free(wd); free(yr); free(rsr); free(dxr); free(dzr); free(dwr);
     free(x); free(z); free(dy); free(w); free(rs); free(hdx); free(hdz); free(hdw); free(cdx); free(cdz); free(cdw);
+    free(dx_terms2); free(dw_terms2);
 }
 
 static void gate_bwd_case(int64_t rows, int HV, gdn_dtype dt, int with_bias, int want_ddt, int misalign, uint64_t seed) {

@@ -88,28 +88,9 @@ static void run_case(rng *r, gdn_dtype t, gdn_norm_gate g, int64_t rows, int V, 
     for (int i = 0; i < V; i++) { w[i] = (float)(1 + 0.2 * rng_normal(r)); wd[i] = w[i]; }
     gdn_ref_rmsnorm_fwd(rows, V, eps, g, xd, zd, wd, y_ref, rs_ref);
     gdn_ref_rmsnorm_bwd(rows, V, eps, g, xd, zd, wd, dyd, dx_ref, dz_ref, dw_ref);
-    /* the terms of the sums that can cancel (docs/DESIGN.md §5): dw_i sums
-     * dy x r gate(z) over rows; dx_j = r (a_j - x_j c) with a = dy w gate(z),
-     * c = r^2 sum_i a_i x_i / V */
+    /* the terms of the sums that can cancel (docs/DESIGN.md §5) */
     double *dx_terms2 = dalloc(n), *dw_terms2 = dalloc(V);
-    for (int i = 0; i < V; i++) dw_terms2[i] = 0;
-    for (int64_t row = 0; row < rows; row++) {
-        const double rr = rs_ref[row];
-        double ax2 = 0;
-        for (int i = 0; i < V; i++) {
-            const size_t e = (size_t)row * V + i;
-            const double sg = 1.0 / (1.0 + exp(-zd[e])), gz = g == GDN_NORM_GATE_SILU ? zd[e] * sg : sg;
-            const double a = dyd[e] * wd[i] * gz, dwt = dyd[e] * xd[e] * rr * gz;
-            dw_terms2[i] += dwt * dwt;
-            ax2 += (a * xd[e]) * (a * xd[e]);
-            dx_terms2[e] = a;   /* a_j, for now */
-        }
-        for (int i = 0; i < V; i++) {
-            const size_t e = (size_t)row * V + i;
-            const double a = dx_terms2[e], xc2 = xd[e] * xd[e] * rr * rr * rr * rr * ax2 / ((double)V * V);
-            dx_terms2[e] = rr * rr * (a * a + xc2);
-        }
-    }
+    gdn_ref_rmsnorm_bwd_terms(rows, V, eps, g, xd, zd, wd, dyd, dx_terms2, dw_terms2);
     const gdn_rmsnorm_config c = {rows, V, t, eps, g};
 
     snprintf(ctx, sizeof ctx, "op=rmsnorm_fwd backend=cpu dtype=%s gate=%s rows=%lld V=%d eps=%g rstd=%s seed=%llu",

@@ -316,6 +316,7 @@ int fwd_states(const gdn_plan *pl, const gdn_bwd_args *a, const BwdArgs &p, cons
     gdn_plan fv = *pl;
     fv.N = p.N;
     fv.c.cu_seqlens_dev = p.cu;
+    if (wl.sc) fv.c.cu_seqlens = nullptr;   /* the host's lengths are the sequences', not the segments' */
     if (wl.sc && fv.max_len > (int64_t)wl.sc * CC) fv.max_len = (int64_t)wl.sc * CC;
     const int64_t wn = w < 0 ? 0 : wl.wn;
     if (gdn_cuda_chunk_states_ws(&fv, wn) > wl.dstates_bytes) return 0;
@@ -654,6 +655,7 @@ BwdArgs args_of(const gdn_plan *pl, const gdn_bwd_args *a) {
     p.nvt = (c->V + VT - 1) / VT;
     p.scale = c->scale; p.flags = c->flags;
     p.rec16 = p.st16 = 0;
+    p.lpt = 0;
     return p;
 }
 
@@ -668,6 +670,7 @@ BwdArgs bound_args(const gdn_plan *pl, const gdn_bwd_args *a, const WsLayout &wl
         p.N = wl.Ns;
         p.nslots = nslots_of(&view);
     }
+    p.lpt = wl.sc ? 0 : gdn::longest_first(pl, p.HV, stage_at_once(pl));   /* the fused pass's blocks */
     p.slot_row0 = reinterpret_cast<int64_t *>(w);
     p.slot_c = reinterpret_cast<int *>(w + wl.info_c);
     p.rec = reinterpret_cast<float *>(w + wl.rec);

@@ -70,6 +70,7 @@ struct BwdArgs {
     const int *ktag;
     int ktag_val;
     int64_t kst_rows;
+    int lpt;   /* the fused pass's sequences longest first: their count, or 0 (common.cuh longest_first) */
 };
 
 /* chunk i of sequence n's state gradient in dstates, its record and its

@@ -1291,7 +1291,7 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
     Walk w;
     w.j = (int)(blockIdx.x % p.HV);
     w.h = w.j / p.G;
-    w.n = blockIdx.x / p.HV;
+    w.n = p.lpt ? longest_at(p.cu, p.lpt, (int)(blockIdx.x / p.HV)) : blockIdx.x / p.HV;
     seq_range(p, w.n, &w.bos, &w.len);
     w.sb = w.bos / CC + w.n;
     sweep_range(p, (w.len + CC - 1) / CC, &w.cb, &w.top);

@@ -182,6 +182,7 @@ ChunkArgs args_of(const gdn_plan *pl, const gdn_fwd_args *a, int sc, void *ws) {
     p.scale = c->scale; p.flags = c->flags;
     p.st16 = 0;
     p.sc = sc;
+    p.lpt = sc ? 0 : longest_first(pl, (int64_t)c->HV * ((c->V + 127) / 128), sm_count());   /* the transposed walk's blocks */
     p.smode = 0;
     p.states = nullptr;
     p.brec = nullptr;

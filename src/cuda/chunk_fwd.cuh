@@ -29,6 +29,7 @@ struct ChunkArgs {
     const int64_t *cu;
     int64_t T;
     int H, HV, K, V, G, gdt, nvb;
+    int lpt;   /* the transposed walk's sequences longest first: their count, or 0 (common.cuh longest_first) */
     float scale;
     unsigned flags;
     /* sequence split (DESIGN §8): sc chunks per segment (0 = whole

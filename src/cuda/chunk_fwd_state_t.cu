@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int cg = w >> 2, wl = w & 3;   /* warpgroup (64 columns of V), warp in it (16 of them) */
     const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, sg = (blockIdx.x / (p.nvb * p.HV)) % p.maxseg;
-    const int n = blockIdx.x / (p.nvb * p.HV * p.maxseg), h = j / p.G;
+    const int nb = blockIdx.x / (p.nvb * p.HV * p.maxseg), n = p.lpt ? longest_at(p.cu, p.lpt, nb) : nb, h = j / p.G;
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
     const int nch_all = (int)((len + CC - 1) / CC);

@@ -58,3 +58,23 @@ void gdn_ref_rmsnorm_bwd(int64_t rows, int V, double eps, gdn_norm_gate gate, co
     }
     free(a);
 }
+
+void gdn_ref_rmsnorm_bwd_terms(int64_t rows, int V, double eps, gdn_norm_gate gate, const double *x,
+                               const double *z, const double *w, const double *dy, double *dx_terms2,
+                               double *dw_terms2) {
+    for (int i = 0; i < V; i++) dw_terms2[i] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * V, *zr = z + r * V, *dyr = dy + r * V;
+        const double rs = row_rstd(V, eps, xr);
+        double ax2 = 0;
+        for (int i = 0; i < V; i++) {
+            const double g = gate_of(gate, zr[i]), a = dyr[i] * w[i] * g, dwt = dyr[i] * xr[i] * rs * g;
+            dw_terms2[i] += dwt * dwt;
+            ax2 += (a * xr[i]) * (a * xr[i]);
+        }
+        for (int j = 0; j < V; j++) {
+            const double a = dyr[j] * w[j] * gate_of(gate, zr[j]);
+            dx_terms2[r * V + j] = rs * rs * (a * a + xr[j] * xr[j] * rs * rs * rs * rs * ax2 / ((double)V * V));
+        }
+    }
+}
