@@ -718,8 +718,9 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
         for (int w = 0; w + 1 < W - 1; w++) xh[w] = xh[w + 1];                                            \
         if (W > 1) xh[W - 2] = xt;                                                                        \
     }                                                                                                     \
-    gdn_av r = dz * wv[0];                                                                                \
-    for (int w = 1; w < W; w++) r = gdn_fma_v(dzh[W - 1 - w], wv[w], r);                                  \
+    gdn_av r = W > 1 ? dzh[0] * wv[W - 1] : dz * wv[0];   /* the earlier steps' terms first, dz's last */      \
+    for (int w = W - 2; w >= 1; w--) r = gdn_fma_v(dzh[W - 1 - w], wv[w], r);                            \
+    if (W > 1) r = gdn_fma_v(dz, wv[0], r);                                                               \
     for (int w = 0; w + 1 < W - 1; w++) dzh[w] = dzh[w + 1];                                              \
     if (W > 1) dzh[W - 2] = dz;
     const int64_t te = t1 < L ? t1 : L;                       /* real tokens below te */
