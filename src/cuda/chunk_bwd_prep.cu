@@ -1,6 +1,7 @@
 /* CUDA chunk backward, the prep pass: slot_info (each slot's first row and
  * length) and prep (per (slot, value head) the gate cumsum, beta, g, Tm and P
  * into the record the later passes read); their launchers. */
+#include <type_traits>
 #include "cuda/chunk_bwd.cuh"
 #include "cuda/chunk_fwd.cuh"
 
@@ -47,8 +48,18 @@ __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
  * products have read them (then gcd .. rk and the levels' sums M after:
  * ~39 KB, four blocks an SM by the registers, not three by the shared memory) */
 __host__ __device__ constexpr int prep_qk_floats(bool wg, int lk) { return wg ? (1024 + 2 * CC * RS * 4) / 4 : 2 * CC * lk; }
-template <bool SPLIT, bool EX, bool WG>
+/* H (bf16 or f16; float: not this path), for 128 < K <= 256 with 16-byte
+ * rows: q and k stay 16-bit (rows of k16(K) + 8 elements, conflict-free for
+ * ldmatrix) and the two products are mma.sync m16n8k16 on them, exact to
+ * fp32 accumulation as the tf32 products of their fp32 copies were, in half
+ * the shared memory: two blocks an SM where the fp32 rows (~164 KB at K =
+ * 256) left one. The lower 16 x 16 blocks only (10 of each product, 20 over
+ * the 8 warps); P's upper blocks are stored as zeros */
+__host__ __device__ constexpr int k16(int K) { return (K + 15) & ~15; }
+__host__ __device__ constexpr int prep_qk_floats_h(int K) { return CC * (k16(K) + 8); }   /* both arrays, 2 bytes an element */
+template <bool SPLIT, bool EX, bool WG, typename H = float>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
+    constexpr bool H16 = !std::is_same<H, float>::value;
     extern __shared__ __align__(16) float sm[];
     int64_t slot = blockIdx.x, n = 0, ci = 0;
     if (p.rw && !window_item(p, blockIdx.x, &n, &ci, &slot)) return;   /* a window's records */
@@ -58,7 +69,11 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     const int64_t row0 = p.slot_row0[slot];
     /* WG: k, q rows raw at kq (k: [cols 0-63][cols 64-127] of 64 rows, then q), in Qs and Ks's place */
     char *kq = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
-    float *Qs = sm, *Ks = Qs + CC * lk, *As = WG ? reinterpret_cast<float *>(kq) : sm + prep_qk_floats(false, lk), *Ts = As + CC * RS;
+    const int lh = k16(K) + 8;   /* H16: the 16-bit rows' stride, k at sm, q after it */
+    H *Kh = reinterpret_cast<H *>(sm), *Qh = Kh + CC * lh;
+    float *Qs = sm, *Ks = Qs + CC * lk, *Ts;
+    float *As = WG ? reinterpret_cast<float *>(kq) : sm + (H16 ? prep_qk_floats_h(K) : prep_qk_floats(false, lk));
+    Ts = As + CC * RS;
     double *gcd = reinterpret_cast<double *>(WG ? sm + prep_qk_floats(true, lk) : Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
     float *rec = rec_at(p, n, slot, ci, j);
@@ -76,6 +91,15 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
             const bool in = r < c;
             const __nv_bfloat16 *src = static_cast<const __nv_bfloat16 *>(m ? p.q : p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)128 + c16 * 8;
             gdn::cp16(kq + m * 16384 + (c16 >> 3) * 8192 + cfwd::swz(r, (c16 & 7) * 8), src, in);
+        }
+        gdn::cp_commit();
+    } else if constexpr (H16) {   /* 16-byte pieces, zero past c and past K (K % 8 == 0) */
+        const int pr = k16(K) / 8;
+        for (int e = tid; e < 2 * CC * pr; e += NT) {
+            const int m = e / (CC * pr), r = (e / pr) % CC, c8 = (e % pr) * 8;
+            const bool in = r < c && c8 < K;
+            const H *src = static_cast<const H *>(m ? p.q : p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)K + (in ? c8 : 0);
+            gdn::cp16((m ? Qh : Kh) + r * lh + c8, src, in);
         }
         gdn::cp_commit();
     } else {
@@ -138,6 +162,38 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
                     if (p.rec16) *reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(rec + R_TM) + 8192 + cfwd::swz(t, s)) = M16::pack(x[4 * a + 2 * hr], x[4 * a + 2 * hr + 1]);
                     else *reinterpret_cast<float2 *>(rec + R_P + t * CC + s) = make_float2(x[4 * a + 2 * hr], x[4 * a + 2 * hr + 1]);
                 }
+    } else if constexpr (H16) {
+        gdn::cp_wait_all();
+        __syncthreads();
+        const int lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+        const auto put_p = [&](int t, int s, float v) {
+            if (p.rec16) *reinterpret_cast<__nv_bfloat16 *>(reinterpret_cast<char *>(rec + R_TM) + 8192 + cfwd::swz(t, s)) = __float2bfloat16_rn(v);
+            else rec[R_P + t * CC + s] = v;
+        };
+        for (int b = w; b < 20; b += NT / 32) {   /* b < 10: K K^T's block l, else Q K^T's; block l = (I, J), J <= I */
+            const bool qk = b >= 10;
+            const int l = qk ? b - 10 : b, I = l < 1 ? 0 : l < 3 ? 1 : l < 6 ? 2 : 3, J = l - I * (I + 1) / 2;
+            float acc[2][4] = {};
+            const H *X = qk ? Qh : Kh;
+            for (int kk = 0; kk < k16(K); kk += 16) {
+                uint32_t af[4], bf[4];
+                gdn::ldsm4(af, cfwd::frag_a(X, lh, 16 * I, kk, lane));
+                gdn::ldsm4(bf, cfwd::frag_bn(Kh, lh, 16 * J, kk, lane));
+                cfwd::mma_traits<H>::mma(acc[0], af, bf[0], bf[1]);
+                cfwd::mma_traits<H>::mma(acc[1], af, bf[2], bf[3]);
+            }
+#pragma unroll
+            for (int hn = 0; hn < 2; hn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = 16 * I + g + 8 * (e >> 1), s = 16 * J + 8 * hn + 2 * tq + (e & 1);
+                    const float x = acc[hn][e];
+                    if (!qk) As[t * RS + s] = s < t && t < c ? bs[t] * Ef(gcd, t, s) * ((rk[t] * rk[s]) * x) : 0.f;
+                    else put_p(t, s, s <= t && t < c ? (p.scale * ((rq[t] * rk[s]) * x)) * Ef(gcd, t, s) : 0.f);
+                }
+        }
+        for (int e = tid; e < CC * CC; e += NT)   /* P's upper blocks (A's are never read) */
+            if (((e & 63) >> 4) > (e >> 10)) put_p(e >> 6, e & 63, 0.f);
     } else {
         gdn::block_mm_s<SPLIT, false, false, EX, EX>(
             CC, CC, K, Ks, lk, Ks, lk,
@@ -224,10 +280,14 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     BP_PRINT(slot == 0 && j == 0, "prep item: loads, gate | A, P | diagonal blocks | levels | Tm store", 5, 1);
 }
 
-int prep_smem(int K, bool wg) {
-    return (wg ? prep_qk_floats(true, 0) + 2 * CC + 4 * CC + 3 * 256 : prep_qk_floats(false, ld4(k8(K))) + 2 * CC * RS + 2 * CC + 4 * CC) *
+int prep_smem(int K, bool wg, bool h16 = false) {
+    return (wg    ? prep_qk_floats(true, 0) + 2 * CC + 4 * CC + 3 * 256
+            : h16 ? prep_qk_floats_h(K) + 2 * CC * RS + 2 * CC + 4 * CC
+                  : prep_qk_floats(false, ld4(k8(K))) + 2 * CC * RS + 2 * CC + 4 * CC) *
            (int)sizeof(float);
 }
+/* the 16-bit rows' instance takes the call (H16 above) */
+bool prep_h16(const BwdArgs &p) { return p.dt != 0 && k8(p.K) > 128 && p.K % 8 == 0 && al16(p.q) && al16(p.k); }
 
 }  // namespace
 
@@ -237,11 +297,15 @@ void slot_info_launch(const BwdArgs &p, cudaStream_t st) {
 template <bool SPLIT> cudaError_t PrepPass<SPLIT>::attr(int K) {
     cudaError_t e = smem_attr(prep_kernel<SPLIT, false, false>, prep_smem(K, false));
     if (e == cudaSuccess) e = smem_attr(prep_kernel<SPLIT, true, false>, prep_smem(K, false));
+    if (e == cudaSuccess && k8(K) > 128) e = smem_attr(prep_kernel<SPLIT, true, false, __nv_bfloat16>, prep_smem(K, false, true));
+    if (e == cudaSuccess && k8(K) > 128) e = smem_attr(prep_kernel<SPLIT, true, false, __half>, prep_smem(K, false, true));
     return e != cudaSuccess || K != 128 ? e : smem_attr(prep_kernel<SPLIT, true, true>, prep_smem(K, true));
 }
 template <bool SPLIT> void PrepPass<SPLIT>::launch(const BwdArgs &p, cudaStream_t st) {
     const dim3 grid((unsigned)(p.rw ? p.N * p.wn : p.nslots), (unsigned)p.HV);
     if (p.dt == 1 && p.K == 128 && al16(p.q) && al16(p.k)) prep_kernel<SPLIT, true, true><<<grid, NT, prep_smem(p.K, true), st>>>(p);
+    else if (prep_h16(p) && p.dt == 1) prep_kernel<SPLIT, true, false, __nv_bfloat16><<<grid, NT, prep_smem(p.K, false, true), st>>>(p);
+    else if (prep_h16(p)) prep_kernel<SPLIT, true, false, __half><<<grid, NT, prep_smem(p.K, false, true), st>>>(p);
     else if (p.dt != 0) prep_kernel<SPLIT, true, false><<<grid, NT, prep_smem(p.K, false), st>>>(p);   /* bf16 / f16: q, k exact in tf32 */
     else prep_kernel<SPLIT, false, false><<<grid, NT, prep_smem(p.K, false), st>>>(p);
 }
