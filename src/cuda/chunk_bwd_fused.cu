@@ -30,8 +30,9 @@
  * gate's partials (by V and T meanwhile), as the local stage does.
  *
  * Operands: q, k, v, dO raw (exact in bf16; rstd as row scales); Tm, P, S0,
- * dS rounded to bf16; X, U, dU, dBv and every K-side operand formed here
- * as hi + lo halves (the measured margins: bench/NOTES.md v4.7 and v5).
+ * dS, X and U rounded to bf16; dU, dBv and every K-side operand formed
+ * here as hi + lo halves (the measured margins: bench/NOTES.md v4.7, v5 and
+ * v5.49).
  * Shared memory (bytes from a 1024-aligned base): the chunk's rows
  * [KR | QR | VR | OR] (64 x 128 bf16, two 64-column blocks each, 128-byte
  * swizzle), TH and PH (Tm, P as bf16), and four 32 KB regions A-D whose
@@ -40,7 +41,8 @@
  *      (hi + lo, A + 16 KB) | dKc (fp32) for the cluster's sums
  *      (and dht / dh0 on their way in and out, around the chunks)
  *   B: dS (bf16) | dQc (fp32) for the cluster's sums
- *   C: S0 fp32 staging (with D; without st16) | X, then U (hi + lo) | Rg (fp32), dP~ rq (hi + lo)
+ *   C: S0 fp32 staging (with D; without st16) | X, then U (bf16, C's first
+ *      16 KB) | Rg (fp32), dP~ rq (hi + lo, C + 16 KB)
  *   D: S0 staging | dU, then dBv (hi + lo) | the gate's column sums
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S)
@@ -210,6 +212,25 @@ __device__ __forceinline__ void st_blk(const float *x, char *hi, char *lo) { cfw
 __device__ __forceinline__ void st_tile(const float *x, char *hi, char *lo) {
     st_blk(x, hi, lo);
     st_blk(x + 32, hi + 8192, lo + 8192);
+}
+
+/* an m64n128 accumulator (64 values) to a 64-row tile [cols 0-63 | 64-127]
+ * as bf16 (X and U: one copy, bench/NOTES.md v5.49) */
+__device__ __forceinline__ void st_tile_hi(const float *x, char *t) {
+    const int tx = tidx(), lane = tx & 31, wl = (tx >> 5) & 3, m = lane >> 3;
+    const int row = 16 * wl + 8 * (m & 1) + (lane & 7);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int a = 0; a < 8; a += 2) {
+            uint32_t v[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int b = 32 * h + 4 * (a + (q >> 1)) + 2 * (q & 1);
+                v[q] = M::pack(x[b], x[b + 1]);
+            }
+            stsm4(t + 8192 * h + swz(row, 8 * (a + (m >> 1))), v[0], v[1], v[2], v[3]);
+        }
 }
 
 /* the thread's rows of an accumulator: r0 = 16 wl + g and r0 + 8; column 8 a + 2 tq (+1) */
@@ -950,7 +971,6 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
                 wss64<0, 0>(dtm, dk64((sm + FS::D), kk), dk64((sm + FS::C), kk), kk);
-                wss64<0, 0>(dtm, dk64((sm + FS::D), kk), dk64((sm + FS::C) + 16384, kk), 1);
                 wss64<0, 0>(dtm, dk64((sm + FS::D) + 16384, kk), dk64((sm + FS::C), kk), 1);
             }
             cfwd::wg_commit();
@@ -999,7 +1019,6 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
                 wss64<0, 0>(dp, dk64((sm + FS::OR), kk), dk64((sm + FS::C), kk), kk);
-                wss64<0, 0>(dp, dk64((sm + FS::OR), kk), dk64((sm + FS::C) + 16384, kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -1151,7 +1170,7 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
         FP(0);
         const int c = w.cnt(ci);
         PHASE_BAR(2, 1);   /* S */
-        /* P1: X = beta v - xs K S0 -> C (hi + lo) */
+        /* P1: X = beta v - xs K S0 -> C (bf16) */
         float x[64];
         {
             cfwd::wg_fence();
@@ -1170,7 +1189,7 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
                 x[4 * a + 2] = b1 * M::lo(v1) - x1 * x[4 * a + 2];
                 x[4 * a + 3] = b1 * M::hi(v1) - x1 * x[4 * a + 3];
             }
-            st_tile(x, (sm + FS::C), (sm + FS::C) + 16384);
+            st_tile_hi(x, (sm + FS::C));
             cfwd::fence_async_smem();
         }
         PHASE_BAR(2, 2);   /* P1 */
@@ -1182,19 +1201,17 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 wss128<0, 1>(x, vdesc((sm + FS::TH) + kk * 32), dmn((sm + FS::C), kk), kk);
-                wss128<0, 1>(x, vdesc((sm + FS::TH) + kk * 32), dmn((sm + FS::C) + 16384, kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
             gdn::bar_named(BAR_X, 256);
-            st_tile(x, (sm + FS::C), (sm + FS::C) + 16384);
+            st_tile_hi(x, (sm + FS::C));
             cfwd::fence_async_smem();
             gdn::bar_named(2, 128);   /* U stored by the whole warpgroup */
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
                 wss128<0, 0>(dkc, dk64((sm + FS::C), kk), dk128((sm + FS::B), kk), kk);
-                wss128<0, 0>(dkc, dk64((sm + FS::C) + 16384, kk), dk128((sm + FS::B), kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
