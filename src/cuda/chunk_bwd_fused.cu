@@ -180,6 +180,9 @@ __device__ __forceinline__ int tidx() {
  * cluster barriers' L1 invalidation sent to the L2 and back at every probe
  * after one (bench/NOTES.md v5.35), timing the probes themselves */
 __device__ unsigned long long g_fp[FT / 32][2][17];
+/* each phase's own work: the cycles from the last probe to the phase's barrier (PHASE_BAR) */
+__device__ unsigned long long g_fpw[FT / 32][6];
+#define FPW(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0) atomicAdd(&g_fpw[threadIdx.x >> 5][k], (unsigned long long)(clock64() - ft_)); } while (0)
 #define FP_DECL long long ft_ = clock64(); const long long f0_ = ft_
 #define FP(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0) { const long long t1_ = clock64(); atomicAdd(&g_fp[threadIdx.x >> 5][0][k], (unsigned long long)(t1_ - ft_)); if (ci == w.top - 3) g_fp[threadIdx.x >> 5][1][k] = (unsigned long long)(t1_ - f0_); ft_ = clock64(); } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
@@ -194,6 +197,10 @@ __device__ unsigned long long g_fp[FT / 32][2][17];
                    fp_[12] / (nch), fp_[13] / (nch), fp_[10] / (nch), fp_[11] / (nch), fp_[0] / (nch), fp_[1] / (nch), fp_[12] / (nch), fp_[2] / (nch), fp_[3] / (nch), fp_[4] / (nch), fp_[5] / (nch), fp_[7] / (nch), fp_[8] / (nch), fp_[9] / (nch), fp_[6] / (nch)); \
             printf("fused %s w%d at: F %lld S %lld P1 %lld P2 %lld P3 %lld P4 %lld cl1 %lld rows %lld gate %lld cl2 %lld\n", name, (int)(threadIdx.x >> 5), \
                    fa_[0], fa_[1], fa_[2], fa_[3], fa_[4], fa_[5], fa_[7], fa_[8], fa_[9], fa_[6]); \
+            printf("fused %s w%d own work before each phase's barrier, cycles/chunk: S %lld P1 %lld P2 %lld P3 %lld P4 %lld\n", name, (int)(threadIdx.x >> 5), \
+                   (long long)atomicExch(&g_fpw[threadIdx.x >> 5][1], 0ull) / (nch), (long long)atomicExch(&g_fpw[threadIdx.x >> 5][2], 0ull) / (nch), \
+                   (long long)atomicExch(&g_fpw[threadIdx.x >> 5][3], 0ull) / (nch), (long long)atomicExch(&g_fpw[threadIdx.x >> 5][4], 0ull) / (nch), \
+                   (long long)atomicExch(&g_fpw[threadIdx.x >> 5][5], 0ull) / (nch)); \
             printf("fused %s w%d start's gate cycles/chunk: sums %lld barrier %lld scan+partials %lld to BAR_G %lld\n", name, (int)(threadIdx.x >> 5), \
                    fp_[14] / (nch), fp_[15] / (nch), fp_[16] / (nch), fp_[13] / (nch)); \
         }                                                                                                     \
@@ -202,6 +209,7 @@ __device__ unsigned long long g_fp[FT / 32][2][17];
 #define FP_DECL do { } while (0)
 #define FP(k) do { } while (0)
 #define FP_PRINT(name, nch) do { } while (0)
+#define FPW(k) do { } while (0)
 #endif
 
 
@@ -725,9 +733,10 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
     }
 }
 
-/* a role's block barrier, then its rows formed again (tidx) and the profile probe k */
+/* a role's block barrier (its own work before it timed by FPW), then its rows formed again (tidx) and the profile probe k */
 #define PHASE_BAR(R, k) \
     do {                \
+        FPW(k);         \
         block_bar<R>(); \
         rows();         \
         FP(k);          \
