@@ -613,7 +613,14 @@ static void bwd_blocks(const gdn_conv1d_config *c, int64_t N, const gdn_conv1d_b
  * bwd_sub does: the same bits), and dx of step t - W + 1 from the last W dz
  * (conv_dx's order), dht added and stored, or kept in dh0 before the start.
  * The sigmoid's exp is gdn_exp_silu_neg_fast_v (cpu/act.h; relative error
- * 2.7e-6), so its bits are not bwd_sub's; the walk's order of sums is.
+ * 2.7e-6) and SiLU's derivative dy sg (1 + z (1 - sg)) is taken as u + u v,
+ * u = dy sg, v = z - z sg (three operations where the plain form has four),
+ * so dz's bits are not bwd_sub's; the walk's order of sums is. Past a
+ * sequence's first steps the walk runs one token ahead: token t + 1's
+ * inputs, z and sigmoid (the long chain: loads, the conv, exp, division)
+ * come before step t's dz, sums and dx in the program, so the core's
+ * scheduler holds fewer operations that wait (the step is bound by that
+ * window with its FP operations, bench/NOTES.md CPU v29; -3 to -5 %).
  * SBW steps at a time, each step prefetching the rows of x and dy SBW steps
  * ahead into L2 and dx's for writing: a thread's rows are 4 KiB apart (one
  * page each), more pages in flight than the hardware's prefetch follows, so
@@ -691,32 +698,42 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     uint16_t *restrict dx = stg ? stg + d : a->dx ? (uint16_t *)a->dx + o : NULL;
     const int64_t r0 = stg ? t0 : W - 1;
     const int64_t s1 = a->dht ? L - W : L;   /* dx rows below s1 take no dht */
-    gdn_av wv[WMAX], bv, xh[WMAX - 1], dzh[WMAX - 1], aw[WMAX], ab = q[3 * W - 2];
+    /* xw: the last W inputs (xw[0] unused until a token's input shifts in) */
+    gdn_av wv[WMAX], bv, xw[WMAX], dzh[WMAX - 1], aw[WMAX], ab = q[3 * W - 2];
     for (int w = 0; w < W; w++) { memcpy(&wv[w], wT + w * D + d, sizeof(gdn_av)); aw[w] = q[2 * W - 2 + w]; }
-    for (int w = 0; w < W - 1; w++) { xh[w] = q[w]; dzh[w] = q[W - 1 + w]; }
+    for (int w = 0; w < W - 1; w++) { xw[w + 1] = q[w]; dzh[w] = q[W - 1 + w]; }
     memcpy(&bv, bias + d, sizeof bv);
-    /* one step: dz of token t (zero past L), the sums, the histories, r = dxx of step t - (W - 1) */
-#define STEP(real)                                                                                        \
+    /* token tt's input xn and dy gn, with SiLU its z (zn, conv_z's order from
+     * the W - 1 inputs before it, xw[1..]) and sigmoid sn */
+#define STEP_A(tt, xn, gn, zn, sn)                                                                        \
+    xn = gdn_bf16_load_v(x + (tt) * D);                                                                   \
+    __builtin_prefetch(row_ahead(x, (tt) + SBW, D), 0, 2);                                                \
+    __builtin_prefetch(row_ahead(dy, (tt) + SBW, D), 0, 2);                                               \
+    if (!stg) __builtin_prefetch(row_ahead(dx, (tt) + SBW - (W - 1), D), 1, 2);                           \
+    gn = gdn_bf16_load_v(dy + (tt) * D);                                                                  \
+    if (silu) {                                                                                           \
+        zn = bv;                                                                                          \
+        for (int w = 0; w < W - 1; w++) zn += wv[w] * xw[w + 1];                                          \
+        zn += wv[W - 1] * xn;                                                                             \
+        sn = 1.f / (1.f + gdn_exp_silu_neg_fast_v(zn));                                                   \
+    }
+    /* the inputs' history takes xn */
+#define SHIFT_X(xn)                                                                                       \
+    for (int w = 0; w + 1 < W; w++) xw[w] = xw[w + 1];                                                    \
+    xw[W - 1] = xn;
+    /* the step: dz of its token (zero past L; g, z, sg from STEP_A, its W
+     * inputs in xw), the sums, dz's history, r = dxx of step t - (W - 1) */
+#define STEP_B(real, g, z, sg)                                                                            \
     gdn_av dz = {0};                                                                                      \
     if (real) {                                                                                           \
-        const gdn_av xt = gdn_bf16_load_v(x + t * D);                                                     \
-        __builtin_prefetch(row_ahead(x, t + SBW, D), 0, 2);                                               \
-        __builtin_prefetch(row_ahead(dy, t + SBW, D), 0, 2);                                              \
-        if (!stg) __builtin_prefetch(row_ahead(dx, t + SBW - (W - 1), D), 1, 2);                          \
-        gdn_av g = gdn_bf16_load_v(dy + t * D);                                                           \
         if (silu) {                                                                                       \
-            gdn_av z = bv;                                                                                \
-            for (int w = 0; w < W - 1; w++) z += wv[w] * xh[w];                                           \
-            z += wv[W - 1] * xt;                                                                          \
-            const gdn_av sg = 1.f / (1.f + gdn_exp_silu_neg_fast_v(z));                                   \
-            g = g * sg * (1.f + z * (1.f - sg));                                                          \
+            const gdn_av u = g * sg, v = z - z * sg;                                                      \
+            dz = gdn_fma_v(u, v, u);                                                                      \
+        } else {                                                                                          \
+            dz = g;                                                                                       \
         }                                                                                                 \
-        dz = g;                                                                                           \
-        ab += g;                                                                                          \
-        for (int w = 0; w < W - 1; w++) aw[w] += g * xh[w];                                               \
-        aw[W - 1] += g * xt;                                                                              \
-        for (int w = 0; w + 1 < W - 1; w++) xh[w] = xh[w + 1];                                            \
-        if (W > 1) xh[W - 2] = xt;                                                                        \
+        ab += dz;                                                                                         \
+        for (int w = 0; w < W; w++) aw[w] += dz * xw[w];                                                  \
     }                                                                                                     \
     gdn_av r = W > 1 ? dzh[0] * wv[W - 1] : dz * wv[0];   /* the earlier steps' terms first, dz's last */      \
     for (int w = W - 2; w >= 1; w--) r = gdn_fma_v(dzh[W - 1 - w], wv[w], r);                            \
@@ -726,20 +743,36 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     const int64_t te = t1 < L ? t1 : L;                       /* real tokens below te */
     const int64_t ta = t0 > W - 1 ? t0 : W - 1;               /* steps [ta, tz): real, dx row in [0, s1) */
     const int64_t tz = te < s1 + W - 1 ? te : s1 + W - 1;
+    gdn_av xc = {0}, gc = {0}, zc = {0}, sc = {0};   /* STEP_A's values of the step's token (zc, sc: SiLU only) */
     int64_t t = t0;
     for (; t < t1 && (t < ta || t >= tz); t++) {   /* the first W - 1 steps of a sequence */
-        STEP(t < L)
+        if (t < L) { STEP_A(t, xc, gc, zc, sc) SHIFT_X(xc) }
+        STEP_B(t < L, gc, zc, sc)
         bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx, t - r0);
     }
-    for (; t < tz; t++) {
-        STEP(1)
+    if (t < tz) {   /* token t + 1's STEP_A before step t's sums and dx: its chain (z, exp, division) overlaps theirs */
+        STEP_A(t, xc, gc, zc, sc)
+        SHIFT_X(xc)
+        for (; t + 1 < tz; t++) {
+            gdn_av xn, gn, zn = {0}, sn = {0};   /* zn, sn: SiLU only */
+            STEP_A(t + 1, xn, gn, zn, sn)
+            STEP_B(1, gc, zc, sc)
+            gdn_bf16_store_v(dx + (t - r0) * D, r);
+            SHIFT_X(xn)
+            gc = gn; zc = zn; sc = sn;
+        }
+        STEP_B(1, gc, zc, sc)
         gdn_bf16_store_v(dx + (t - r0) * D, r);
+        t++;
     }
     for (; t < t1; t++) {   /* the last steps: dht, or none past L */
-        STEP(t < L)
+        if (t < L) { STEP_A(t, xc, gc, zc, sc) SHIFT_X(xc) }
+        STEP_B(t < L, gc, zc, sc)
         bwd_direct_edge(c, a, n, L, t - (W - 1), d, r, dx, t - r0);
     }
-#undef STEP
+#undef STEP_A
+#undef SHIFT_X
+#undef STEP_B
     if (te > t0 && (te % SBB == 0 || te == L)) {   /* bwd_sub's sums: fp32 over its sub-block's tokens, then fp64 */
         add_f64(qd + W * GDN_AVL, ab);
         ab = (gdn_av){0};
@@ -750,7 +783,7 @@ INLINE void bwd_direct_steps(const int W, const int silu, const gdn_conv1d_confi
     }
     q[3 * W - 2] = ab;
     for (int w = 0; w < W; w++) q[2 * W - 2 + w] = aw[w];
-    for (int w = 0; w < W - 1; w++) { q[w] = xh[w]; q[W - 1 + w] = dzh[w]; }
+    for (int w = 0; w < W - 1; w++) { q[w] = xw[w + 1]; q[W - 1 + w] = dzh[w]; }
 }
 
 /* bwd_direct_steps for vectors v0..v1-1, one after another (sv, sd their states) */
