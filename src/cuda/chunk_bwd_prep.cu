@@ -49,14 +49,16 @@ __global__ void __launch_bounds__(NT) slot_info_kernel(BwdArgs p) {
  * ~39 KB, four blocks an SM by the registers, not three by the shared memory) */
 __host__ __device__ constexpr int prep_qk_floats(bool wg, int lk) { return wg ? (1024 + 2 * CC * RS * 4) / 4 : 2 * CC * lk; }
 /* H (bf16 or f16; float: not this path), for 128 < K <= 256 with 16-byte
- * rows: q and k stay 16-bit (rows of k16(K) + 8 elements, conflict-free for
- * ldmatrix) and the two products are mma.sync m16n8k16 on them, exact to
- * fp32 accumulation as the tf32 products of their fp32 copies were, in half
+ * rows: q and k stay 16-bit (rows of LH = 256 + 8 elements, conflict-free
+ * for ldmatrix; zeros past K add nothing to the products) and the two
+ * products are mma.sync m16n8k16 on them, exact to fp32 accumulation as
+ * the tf32 products of their fp32 copies were, in half
  * the shared memory: two blocks an SM where the fp32 rows (~164 KB at K =
  * 256) left one. The lower 16 x 16 blocks only (10 of each product, 20 over
  * the 8 warps); P's upper blocks are stored as zeros */
 __host__ __device__ constexpr int k16(int K) { return (K + 15) & ~15; }
-__host__ __device__ constexpr int prep_qk_floats_h(int K) { return CC * (k16(K) + 8); }   /* both arrays, 2 bytes an element */
+constexpr int LH = 256 + 8;
+__host__ __device__ constexpr int prep_qk_floats_h() { return CC * LH; }   /* both arrays, 2 bytes an element */
 template <bool SPLIT, bool EX, bool WG, typename H = float>
 __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     constexpr bool H16 = !std::is_same<H, float>::value;
@@ -69,10 +71,9 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
     const int64_t row0 = p.slot_row0[slot];
     /* WG: k, q rows raw at kq (k: [cols 0-63][cols 64-127] of 64 rows, then q), in Qs and Ks's place */
     char *kq = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
-    const int lh = k16(K) + 8;   /* H16: the 16-bit rows' stride, k at sm, q after it */
-    H *Kh = reinterpret_cast<H *>(sm), *Qh = Kh + CC * lh;
+    H *Kh = reinterpret_cast<H *>(sm), *Qh = Kh + CC * LH;   /* H16: k at sm, q after it */
     float *Qs = sm, *Ks = Qs + CC * lk, *Ts;
-    float *As = WG ? reinterpret_cast<float *>(kq) : sm + (H16 ? prep_qk_floats_h(K) : prep_qk_floats(false, lk));
+    float *As = WG ? reinterpret_cast<float *>(kq) : sm + (H16 ? prep_qk_floats_h() : prep_qk_floats(false, lk));
     Ts = As + CC * RS;
     double *gcd = reinterpret_cast<double *>(WG ? sm + prep_qk_floats(true, lk) : Ts + CC * RS);
     float *gs = reinterpret_cast<float *>(gcd + CC), *bs = gs + CC, *rq = bs + CC, *rk = rq + CC;
@@ -94,13 +95,9 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
         }
         gdn::cp_commit();
     } else if constexpr (H16) {   /* 16-byte pieces, zero past c and past K (K % 8 == 0) */
-        const int pr = k16(K) / 8;
-        for (int e = tid; e < 2 * CC * pr; e += NT) {
-            const int m = e / (CC * pr), r = (e / pr) % CC, c8 = (e % pr) * 8;
-            const bool in = r < c && c8 < K;
-            const H *src = static_cast<const H *>(m ? p.q : p.k) + ((row0 + (in ? r : 0)) * p.H + h) * (int64_t)K + (in ? c8 : 0);
-            gdn::cp16((m ? Qh : Kh) + r * lh + c8, src, in);
-        }
+        const int64_t ld = (int64_t)p.H * K;
+        cfwd::load_rows<256, LH>(Kh, static_cast<const H *>(p.k) + row0 * ld + (int64_t)h * K, ld, c, K, 0, tid, NT);
+        cfwd::load_rows<256, LH>(Qh, static_cast<const H *>(p.q) + row0 * ld + (int64_t)h * K, ld, c, K, 0, tid, NT);
         gdn::cp_commit();
     } else {
         load_qk(p, p.q, nullptr, row0, c, h, Qs, lk);
@@ -177,8 +174,8 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
             const H *X = qk ? Qh : Kh;
             for (int kk = 0; kk < k16(K); kk += 16) {
                 uint32_t af[4], bf[4];
-                gdn::ldsm4(af, cfwd::frag_a(X, lh, 16 * I, kk, lane));
-                gdn::ldsm4(bf, cfwd::frag_bn(Kh, lh, 16 * J, kk, lane));
+                gdn::ldsm4(af, cfwd::frag_a(X, LH, 16 * I, kk, lane));
+                gdn::ldsm4(bf, cfwd::frag_bn(Kh, LH, 16 * J, kk, lane));
                 cfwd::mma_traits<H>::mma(acc[0], af, bf[0], bf[1]);
                 cfwd::mma_traits<H>::mma(acc[1], af, bf[2], bf[3]);
             }
@@ -282,7 +279,7 @@ __global__ void __launch_bounds__(NT) prep_kernel(BwdArgs p) {
 
 int prep_smem(int K, bool wg, bool h16 = false) {
     return (wg    ? prep_qk_floats(true, 0) + 2 * CC + 4 * CC + 3 * 256
-            : h16 ? prep_qk_floats_h(K) + 2 * CC * RS + 2 * CC + 4 * CC
+            : h16 ? prep_qk_floats_h() + 2 * CC * RS + 2 * CC + 4 * CC
                   : prep_qk_floats(false, ld4(k8(K))) + 2 * CC * RS + 2 * CC + 4 * CC) *
            (int)sizeof(float);
 }
