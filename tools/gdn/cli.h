@@ -27,6 +27,8 @@ static inline int op_is_layer(int op) { return op >= OP_DECODE; }
 static inline int op_has_grads(int op) { return op == OP_CHUNK_FWDBWD || op == OP_CONV_BWD || op == OP_NORM_BWD; }
 /* conv1d and the norm have no FLOP model: GB/s only */
 static inline int op_has_flops(int op) { return !(op >= OP_CONV_FWD && op <= OP_NORM_BWD); }
+/* the streaming ops, whose rate on the CPU stands beside a copy's (%copy) */
+static inline int op_vs_copy(int op) { return op == OP_GATE_FWD || op == OP_L2NORM_FWD || (op >= OP_CONV_FWD && op <= OP_NORM_BWD); }
 
 /* ---- options (args.c) -------------------------------------------------------- */
 
@@ -165,6 +167,10 @@ gdn_status run_op(int op, call *c);
 gdn_status prepare_op(int op, call *c);
 /* median of reps timed runs after warmup runs */
 gdn_status time_op(int op, call *c, int warmup, int reps, double *ms);
+/* the op's rate as a fraction of a plain copy's on the same threads: pairs
+ * (the op, copy_gbps's copy) run in alternation, the median of the pairs'
+ * ratios (CPU; after time_op) */
+gdn_status time_op_vs_copy(int op, call *c, int pairs, int threads, double *frac);
 double now_ms(void);
 double op_flops(int op, const call *c);
 double op_bytes(int op, const call *c);
@@ -200,6 +206,7 @@ typedef struct result {
     int op;
     char shape[96];
     double ms, gflops, gbps, err, bound;
+    double of_copy;             /* the rate against a copy's, measured in alternation (NAN: not measured) */
     const char *worst;          /* which output the error is of */
     gdn_status status;
     char message[512];
@@ -208,6 +215,8 @@ typedef struct result {
 
 /* GB/s of a plain memcpy on the threads: the ceiling beside the memory-bound ops */
 double copy_gbps(int threads);
+/* a plain memcpy split evenly over the threads */
+void copy_on_threads(char *dst, const char *src, size_t n, int threads);
 void print_json(const opts *o, const gdn_config *full, const gdn_config *slice, const call *lf,
                 const call *ls, int threads, double copy, const result *res, int nres, int all_ok);
 void print_table(const opts *o, const gdn_config *full, const gdn_config *slice, const call *lf,

@@ -204,6 +204,7 @@ int main(int argc, char **argv) {
         memset(x, 0, sizeof *x);
         x->op = op;
         x->worst = "";
+        x->of_copy = NAN;
         const int grads = op_has_grads(op);
         const gdn_dtype et = op == OP_GATE_FWD ? c->gate_dtype : c->dtype;
         x->bound = et == GDN_F32 ? (grads ? 1e-4 : 1e-5) : (grads ? 1e-2 : 5e-3);
@@ -238,6 +239,10 @@ int main(int argc, char **argv) {
             x->gflops = s > 0 ? op_flops(op, &full) / s * 1e-9 : 0;
             x->gbps = s > 0 ? op_bytes(op, &full) / s * 1e-9 : 0;
             x->ok = isfinite(x->err) && x->err <= x->bound;
+            if (be->id == GDN_BACKEND_CPU && op_vs_copy(op)) {
+                const gdn_status st = time_op_vs_copy(op, &full, 2 * o.reps + 1, threads, &x->of_copy);
+                if (st != GDN_OK) x->of_copy = NAN;
+            }
         }
         all_ok &= x->ok;
         if (o.hash && x->status == GDN_OK && (op == OP_CHUNK_FWD || op == OP_CHUNK_FWDBWD || op == OP_RECURRENT_FWD ||

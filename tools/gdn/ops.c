@@ -208,6 +208,39 @@ gdn_status time_op(int op, call *c, int warmup, int reps, double *ms) {
     return s;
 }
 
+/* The op and the header's copy (64 MiB, more than the last-level cache:
+ * each run of either starts from memory) alternate, pairs times; each
+ * pair's ratio of the two rates (the op's bytes by op_bytes) is the op's
+ * fraction of the copy's rate at that moment, and their median is printed.
+ * Measured in the same moments, the ratio does not move with the machine's
+ * copy rate between runs as two rates measured apart do (bench/NOTES.md,
+ * stop 57). */
+gdn_status time_op_vs_copy(int op, call *c, int pairs, int threads, double *frac) {
+    const size_t n = (size_t)64 << 20;
+    char *a = xmalloc(n), *b = xmalloc(n);
+    double *r = xmalloc(sizeof(double) * (size_t)pairs);
+    memset(a, 1, n);
+    memset(b, 0, n);
+    gdn_status s = prepare_op(op, c);
+    for (int i = 0; i < pairs && s == GDN_OK; i++) {
+        copy_on_threads(b, a, n, threads);
+        const double t0 = now_ms();
+        s = run_op(op, c);
+        const double t1 = now_ms();
+        copy_on_threads(b, a, n, threads);
+        const double t2 = now_ms();
+        r[i] = op_bytes(op, c) / (t1 - t0) / (2.0 * n / (t2 - t1));
+    }
+    if (s == GDN_OK) {
+        qsort(r, (size_t)pairs, sizeof(double), cmp_double);
+        *frac = pairs % 2 ? r[pairs / 2] : 0.5 * (r[pairs / 2 - 1] + r[pairs / 2]);
+    }
+    free(a);
+    free(b);
+    free(r);
+    return s;
+}
+
 double op_flops(int op, const call *c) {
     switch (op) {
     case OP_CHUNK_FWD: return gdn_flops_chunk_fwd(&c->cfg);

@@ -36,6 +36,21 @@ static void json_num(double x) {
     else printf("null");
 }
 
+/* a plain memcpy of n bytes split evenly over the threads */
+void copy_on_threads(char *dst, const char *src, size_t n, int threads) {
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+        const size_t lo = n / nt * id, hi = id + 1 == nt ? n : n / nt * (id + 1);
+        memcpy(dst + lo, src + lo, hi - lo);
+    }
+#else
+    (void)threads;
+    memcpy(dst, src, n);
+#endif
+}
+
 /* GB/s (bytes read + written) of a plain memcpy of 64 MiB split over the
  * threads, best of 5: the ceiling the memory-bound ops' GB/s stand beside */
 double copy_gbps(int threads) {
@@ -47,17 +62,7 @@ double copy_gbps(int threads) {
     double best = INFINITY;
     for (int r = 0; r < 5; r++) {
         const double t0 = now_ms();
-#ifdef _OPENMP
-        #pragma omp parallel num_threads(threads > 0 ? threads : 1)
-        {
-            const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-            const size_t lo = n / nt * id, hi = id + 1 == nt ? n : n / nt * (id + 1);
-            memcpy(b + lo, a + lo, hi - lo);
-        }
-#else
-        (void)threads;
-        memcpy(b, a, n);
-#endif
+        copy_on_threads(b, a, n, threads);
         const double t = (now_ms() - t0) * 1e-3;
         if (t < best) best = t;
     }
@@ -99,6 +104,7 @@ void print_json(const opts *o, const gdn_config *full, const gdn_config *slice, 
         printf(", \"time_ms\": "); json_num(r->status == GDN_OK ? r->ms : NAN);
         printf(", \"gflops\": "); json_num(r->status == GDN_OK && op_has_flops(r->op) ? r->gflops : NAN);
         printf(", \"gbytes_per_s\": "); json_num(r->status == GDN_OK ? r->gbps : NAN);
+        printf(", \"of_copy\": "); json_num(r->status == GDN_OK ? r->of_copy : NAN);
         printf(", \"rel_err\": "); json_num(r->status == GDN_OK ? r->err : NAN);
         printf(", \"worst\": "); json_str(r->worst);
         printf(", \"bound\": "); json_num(r->bound);
@@ -123,26 +129,33 @@ void print_table(const opts *o, const gdn_config *full, const gdn_config *slice,
     printf("\nGB/s: every input read once, every output written once (tools/flops.h)");
     if (isfinite(copy)) printf("; a plain copy on the same threads: %.1f GB/s", copy);
     printf("\n");
+    int vs = 0;
+    for (int i = 0; i < nres; i++) vs |= isfinite(res[i].of_copy);
+    if (vs)
+        printf("%%copy: the op's GB/s against the copy's, the two run in alternation (each from memory), "
+               "the median of %d pairs' ratios\n", 2 * o->reps + 1);
     if (o->ops & ~((1u << OP_DECODE) - 1))
         printf("layer: decode %d rows, pool of %lld slots, fp32 state; conv1d D=%d W=%d bias SiLU h0/ht; "
                "rmsnorm SiLU gate eps %g\n", lf->dec.B, (long long)lf->dec.num_slots, lf->conv.D, lf->conv.W,
                (double)lf->norm.eps);
-    printf("\n%-17s %-7s %-28s %10s %9s %8s %9s %7s %s\n", "op", "backend", "shape", "time ms", "GFLOP/s", "GB/s",
-           "rel.err", "bound", "ok");
+    printf("\n%-17s %-7s %-28s %10s %9s %8s %6s %9s %7s %s\n", "op", "backend", "shape", "time ms", "GFLOP/s", "GB/s",
+           "%copy", "rel.err", "bound", "ok");
     for (int i = 0; i < nres; i++) {
         const result *r = &res[i];
         if (r->status != GDN_OK) {
-            printf("%-17s %-7s %-28s %10s %9s %8s %9s %7.0e %-4s %s: %s\n", op_name[r->op], be->name, r->shape, "-",
-                   "-", "-", "-", r->bound, r->ok ? "skip" : "FAIL", gdn_status_string(r->status), r->message);
+            printf("%-17s %-7s %-28s %10s %9s %8s %6s %9s %7.0e %-4s %s: %s\n", op_name[r->op], be->name, r->shape, "-",
+                   "-", "-", "-", "-", r->bound, r->ok ? "skip" : "FAIL", gdn_status_string(r->status), r->message);
             continue;
         }
-        char err[32], gf[32];
+        char err[32], gf[32], vc[16];
         if (isfinite(r->err)) snprintf(err, sizeof err, "%9.2e", r->err);
         else snprintf(err, sizeof err, "%9s", "non-finite");
         if (op_has_flops(r->op)) snprintf(gf, sizeof gf, "%9.2f", r->gflops);
         else snprintf(gf, sizeof gf, "%9s", "-");
-        printf("%-17s %-7s %-28s %10.3f %s %8.2f %s %7.0e %s", op_name[r->op], be->name, r->shape, r->ms, gf,
-               r->gbps, err, r->bound, r->ok ? "ok" : "FAIL");
+        if (isfinite(r->of_copy)) snprintf(vc, sizeof vc, "%5.0f%%", 100 * r->of_copy);
+        else snprintf(vc, sizeof vc, "%6s", "-");
+        printf("%-17s %-7s %-28s %10.3f %s %8.2f %s %s %7.0e %s", op_name[r->op], be->name, r->shape, r->ms, gf,
+               r->gbps, vc, err, r->bound, r->ok ? "ok" : "FAIL");
         if (!r->ok) printf(" (%s)", r->worst);
         printf("\n");
     }
