@@ -183,6 +183,11 @@ __device__ unsigned long long g_fp[FT / 32][2][17];
 /* each phase's own work: the cycles from the last probe to the phase's barrier (PHASE_BAR) */
 __device__ unsigned long long g_fpw[FT / 32][6];
 #define FPW(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0) atomicAdd(&g_fpw[threadIdx.x >> 5][k], (unsigned long long)(clock64() - ft_)); } while (0)
+/* the cluster's rows item by item (each warp's first lane, block 0): items, then cycles to the
+ * loads' sums, to the L2 norm chain's end, to the store issued */
+__device__ unsigned long long g_fr[FT / 32][4];
+#define FR_DECL long long fr_ = clock64()
+#define FR(k) do { if ((threadIdx.x & 31) == 0 && blockIdx.x == 0) { const long long t1_ = clock64(); atomicAdd(&g_fr[threadIdx.x >> 5][k], k ? (unsigned long long)(t1_ - fr_) : 1ull); fr_ = clock64(); } } while (0)
 #define FP_DECL long long ft_ = clock64(); const long long f0_ = ft_
 #define FP(k) do { if ((threadIdx.x & GDN_BWD_PROFILE_MASK) == 0 && blockIdx.x == 0) { const long long t1_ = clock64(); atomicAdd(&g_fp[threadIdx.x >> 5][0][k], (unsigned long long)(t1_ - ft_)); if (ci == w.top - 3) g_fp[threadIdx.x >> 5][1][k] = (unsigned long long)(t1_ - f0_); ft_ = clock64(); } } while (0)
 #define FP_PRINT(name, nch)                                                                                   \
@@ -203,11 +208,19 @@ __device__ unsigned long long g_fpw[FT / 32][6];
                    (long long)atomicExch(&g_fpw[threadIdx.x >> 5][5], 0ull) / (nch)); \
             printf("fused %s w%d start's gate cycles/chunk: sums %lld barrier %lld scan+partials %lld to BAR_G %lld\n", name, (int)(threadIdx.x >> 5), \
                    fp_[14] / (nch), fp_[15] / (nch), fp_[16] / (nch), fp_[13] / (nch)); \
+            for (int w_ = threadIdx.x >> 5; w_ < (threadIdx.x >> 5) + 4; w_++) {                              \
+                const long long n_ = (long long)atomicExch(&g_fr[w_][0], 0ull);                               \
+                if (n_) printf("fused %s w%d rows: %lld items a chunk; cycles an item: loads %lld, sums %lld, store %lld\n", name, w_, n_ / (nch), \
+                               (long long)atomicExch(&g_fr[w_][1], 0ull) / n_, (long long)atomicExch(&g_fr[w_][2], 0ull) / n_, \
+                               (long long)atomicExch(&g_fr[w_][3], 0ull) / n_);                               \
+            }                                                                                                 \
         }                                                                                                     \
     } while (0)
 #else
 #define FP_DECL do { } while (0)
 #define FP(k) do { } while (0)
+#define FR_DECL do { } while (0)
+#define FR(k) do { } while (0)
 #define FP_PRINT(name, nch) do { } while (0)
 #define FPW(k) do { } while (0)
 #endif
@@ -446,6 +459,8 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
     const int e0 = S_SIDE ? (tidx() >> 5) & 3 : ns + (tidx() >> 5) - 4, e1 = S_SIDE ? ns : n, es = S_SIDE ? 4 : 8;
 #pragma unroll 1
     for (int e = e0; e < e1; e += es) {
+        FR_DECL;
+        FR(0);
         const int qk = e & 1, t = t0 + (e >> 1);
         const uint2 xr = *reinterpret_cast<const uint2 *>(sm + (qk ? FS::KR : FS::QR) + (col >> 6) * 8192 + swz(t, col & 63));
         const uint32_t off = sa + (qk ? FS::A : FS::B) + f32_at(t, col);
@@ -456,14 +471,17 @@ __device__ __forceinline__ void cluster_rows(const BwdArgs &p, char *sm, int64_t
                 const float4 z = ld_rank(off, b);
                 y.x += z.x; y.y += z.y; y.z += z.z; y.w += z.w;
             }
+        FR(1);
         const float rs = qk ? s.rk[t] : s.rq[t];   /* rstd with the L2 norm, else 1 (t < c) */
         const float x0 = M::lo(xr.x) * rs, x1 = M::hi(xr.x) * rs, x2 = M::lo(xr.y) * rs, x3 = M::hi(xr.y) * rs;
         if (l2) {
             const float d = gdn::warp_sum(x0 * y.x + x1 * y.y + x2 * y.z + x3 * y.w);
             y.x = rs * (y.x - x0 * d); y.y = rs * (y.y - x1 * d); y.z = rs * (y.z - x2 * d); y.w = rs * (y.w - x3 * d);
         }
+        FR(2);
         const int64_t at = ((row0 + t) * p.H + h) * 128 + col;
         *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(qk ? p.dk : p.dq) + at) = make_uint2(M::pack(y.x, y.y), M::pack(y.z, y.w));
+        FR(3);
     }
 }
 
