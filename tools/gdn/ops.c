@@ -212,9 +212,9 @@ gdn_status time_op(int op, call *c, int warmup, int reps, double *ms) {
  * each run of either starts from memory) alternate, pairs times; each
  * pair's ratio of the two rates (the op's bytes by op_bytes) is the op's
  * fraction of the copy's rate at that moment, and their median is printed.
- * Measured in the same moments, the ratio does not move with the machine's
- * copy rate between runs as two rates measured apart do (bench/NOTES.md,
- * stop 57). */
+ * Measured in the same moments, the ratio is not moved by the copy rate's
+ * drift from run to run as two rates measured apart are (the op's own speed
+ * can still move with the machine: bench/NOTES.md, stop 57). */
 gdn_status time_op_vs_copy(int op, call *c, int pairs, int threads, double *frac) {
     const size_t n = (size_t)64 << 20;
     char *a = xmalloc(n), *b = xmalloc(n);
