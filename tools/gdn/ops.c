@@ -217,6 +217,7 @@ gdn_status time_op(int op, call *c, int warmup, int reps, double *ms) {
  * can still move with the machine: bench/NOTES.md, stop 57). */
 gdn_status time_op_vs_copy(int op, call *c, int pairs, int threads, double *frac) {
     const size_t n = (size_t)64 << 20;
+    const double bytes = op_bytes(op, c);
     char *a = xmalloc(n), *b = xmalloc(n);
     double *r = xmalloc(sizeof(double) * (size_t)pairs);
     memset(a, 1, n);
@@ -229,7 +230,7 @@ gdn_status time_op_vs_copy(int op, call *c, int pairs, int threads, double *frac
         const double t1 = now_ms();
         copy_on_threads(b, a, n, threads);
         const double t2 = now_ms();
-        r[i] = op_bytes(op, c) / (t1 - t0) / (2.0 * n / (t2 - t1));
+        r[i] = bytes / (t1 - t0) / (2.0 * n / (t2 - t1));
     }
     if (s == GDN_OK) {
         qsort(r, (size_t)pairs, sizeof(double), cmp_double);
