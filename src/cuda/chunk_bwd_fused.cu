@@ -20,9 +20,10 @@
  *     dA = -Tm^T tmp, KK = K K^T: the gate's pairs and dbeta's terms, and
  *     dKK + dKK^T for the T side.
  *   T (warpgroup 2): X = beta v - xs K S0, U = Tm X, dKd = U dS^T (dKc =
- *     ek dKd, the gate's last-row pairs k . dKd), dBk = -dBv S0^T (dKc,
- *     the gate's and dbeta's k . dBk), Xq = dO S0^T (dQc's first part,
- *     the gate's q . Xq), dKc += dP~^T Q + (dKK + dKK^T) K.
+ *     ek dKd, the gate's last-row pairs k . dKd), Xq = dO S0^T (dQc's
+ *     first part, the gate's q . Xq; before dBk, since V waits for it),
+ *     dBk = -dBv S0^T (dKc, the gate's and dbeta's k . dBk), dKc +=
+ *     dP~^T Q + (dKK + dKK^T) K.
  * (dTm = dU X^T is dWk Bk^T + dU Bv^T of chunk_bwd.c, X being Bv - Bk S0;
  * dBk = Tm^T dWk is -dBv S0^T: neither needs dWk.) Then dQc, dKc meet the
  * other value heads' in the cluster (G blocks), dq and dk leave through
@@ -1247,9 +1248,27 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
             row_mul<64>(dkc, Sc(sm).ek[r0], Sc(sm).ek[r1]);
         }
         PHASE_BAR(2, 3);   /* P2 */
-        /* P3: dBk = -dBv S0^T: dKc += beta gam dBk; k . dBk to dbeta and the gate */
+        /* P3: Xq first (V waits for it at BAR_Q), then dBk = -dBv S0^T: dKc +=
+         * beta gam dBk; k . dBk to dbeta and the gate */
         {
             float y[64];
+            /* Xq = dO S0^T: dQc's first part, scale gam Xq, into B for V (fp32; dS's
+             * last reader was this warpgroup's dKd in P2), and the gate's q . Xq
+             * (before dBk, which nothing waits for until P4) */
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss128<0, 0>(y, dk64((sm + FS::OR), kk), dk128((sm + FS::A), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+            const float2 qd = rowdot(y, (sm + FS::QR), f);
+            const float f0 = p.scale * Sc(sm).gam[r0], f1 = p.scale * Sc(sm).gam[r1];
+            if (tq == 0) {
+                Sc(sm).dgq[r0] = r0 < c ? f0 * Sc(sm).rq[r0] * qd.x : 0.f;
+                Sc(sm).dgq[r1] = r1 < c ? f1 * Sc(sm).rq[r1] * qd.y : 0.f;
+            }
+            row_mul<64>(y, r0 < c ? f0 : 0.f, r1 < c ? f1 : 0.f);
+            st_f32(y, (sm + FS::B), f);
+            gdn::bar_arrive(BAR_Q, 256);
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
@@ -1274,22 +1293,6 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
                 dkc[4 * a + 2] = fmaf(e1, y[4 * a + 2], dkc[4 * a + 2]);
                 dkc[4 * a + 3] = fmaf(e1, y[4 * a + 3], dkc[4 * a + 3]);
             }
-            /* Xq = dO S0^T: dQc's first part, scale gam Xq, into B for V (fp32; dS's
-             * last reader was this warpgroup's dKd in P2), and the gate's q . Xq */
-            cfwd::wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) wss128<0, 0>(y, dk64((sm + FS::OR), kk), dk128((sm + FS::A), kk), kk);
-            cfwd::wg_commit();
-            cfwd::wg_wait<0>();
-            const float2 qd = rowdot(y, (sm + FS::QR), f);
-            const float f0 = p.scale * Sc(sm).gam[r0], f1 = p.scale * Sc(sm).gam[r1];
-            if (tq == 0) {
-                Sc(sm).dgq[r0] = r0 < c ? f0 * Sc(sm).rq[r0] * qd.x : 0.f;
-                Sc(sm).dgq[r1] = r1 < c ? f1 * Sc(sm).rq[r1] * qd.y : 0.f;
-            }
-            row_mul<64>(y, r0 < c ? f0 : 0.f, r1 < c ? f1 : 0.f);
-            st_f32(y, (sm + FS::B), f);
-            gdn::bar_arrive(BAR_Q, 256);
         }
         PHASE_BAR(2, 4);   /* P3 */
         /* P4: dKc += (dP~ rq)^T Q, then (dKK + dKK^T) K; into B (fp32) */
