@@ -76,7 +76,7 @@ static void usage(FILE *f) {
 "  --seed N           random inputs (default 1)\n"
 "  --quick            T=256 (unless --T is given), 1 rep, no warm-up\n"
 "  --hash             after timing chunk_fwd, chunk_fwd+bwd, recurrent_fwd,\n"
-"                     conv1d_fwd or conv1d_bwd, print an FNV-1a hash of each\n"
+"                     conv1d_fwd or conv1d_bwd, print a hash of each\n"
 "                     full output (the same bits between builds)\n"
 "  --ops LIST         only these ops, comma-separated names from the list above\n"
 "                     (e.g. --ops decode_step,conv1d_fwd); default all\n"
