@@ -78,6 +78,9 @@ static void usage(FILE *f) {
 "  --hash             after timing chunk_fwd, chunk_fwd+bwd, recurrent_fwd,\n"
 "                     conv1d_fwd or conv1d_bwd, print a hash of each\n"
 "                     full output (the same bits between builds)\n"
+"  --no-check         no float64 reference and no run on the slice: the ops are\n"
+"                     timed (and hashed) only, rel.err shows '-' and nothing is\n"
+"                     checked (for timing rounds; the default checks every op)\n"
 "  --ops LIST         only these ops, comma-separated names from the list above\n"
 "                     (e.g. --ops decode_step,conv1d_fwd); default all\n"
 "output\n"
@@ -162,7 +165,7 @@ int parse_args(int argc, char **argv, opts *o) {
         }
         /* switches */
         static const char *switches[] = {"--help", "-h", "--no-l2norm", "--no-gate", "--no-beta-sigmoid",
-                                         "--v-first", "--json", "--quick", "--hash"};
+                                         "--v-first", "--json", "--quick", "--hash", "--no-check"};
         int is_switch = 0;
         for (size_t s = 0; s < sizeof switches / sizeof *switches; s++)
             if (!strcmp(name, switches[s])) is_switch = 1;
@@ -176,6 +179,7 @@ int parse_args(int argc, char **argv, opts *o) {
             if (!strcmp(name, "--json")) o->json = 1;
             if (!strcmp(name, "--quick")) o->quick = 1;
             if (!strcmp(name, "--hash")) o->hash = 1;
+            if (!strcmp(name, "--no-check")) o->no_check = 1;
             continue;
         }
         static const char *valued[] = {"--B", "--T", "--H", "--HV", "--K", "--V", "--varlen", "--threads",

@@ -45,7 +45,8 @@ typedef struct opts {
     gdn_backend backend;
     int backend_set;
     int json, quick;
-    int hash;                   /* print an FNV-1a hash of each full output of the chunk ops */
+    int hash;                   /* print a hash of each full output of the chunk ops */
+    int no_check;               /* no float64 reference, no run on the slice: timings (and --hash) alone */
     uint64_t seed;
     int decode_B;               /* rows of the decode step */
     unsigned ops;               /* bit op: run op */
