@@ -13,12 +13,13 @@
  *     sums of the bf16 S0) for the gate, then the update
  *       dS <- exp(gL) dS + q^T (diag(qs) dO) - k^T (diag(xs) dBv)
  *     with q, k raw and the scaled dO, dBv as hi + lo (all from shared
- *     memory: A operands from registers cost the 128 a wgmma pipeline).
+ *     memory: A operands from registers cost the 128 a wgmma pipeline),
+ *     and in P4, where it idles, KK = K K^T into D for V (an mbarrier).
  *   V (warpgroup 1): dU = diag(ek rk) K dS + P^T dO, dTm = dU X^T,
  *     dBv = Tm^T dU (dv, dbeta's dBv . v), dP = dO U^T (the pair terms,
  *     dP~), dQc += dP~ K (onto T's part), then tmp = dTm Tm^T,
- *     dA = -Tm^T tmp, KK = K K^T: the gate's pairs and dbeta's terms, and
- *     dKK + dKK^T for the T side.
+ *     dA = -Tm^T tmp and, with S's KK, the gate's pairs and dbeta's
+ *     terms, and dKK + dKK^T for the T side.
  *   T (warpgroup 2): X = beta v - xs K S0, U = Tm X, dKd = U dS^T (dKc =
  *     ek dKd, the gate's last-row pairs k . dKd), Xq = dO S0^T (dQc's
  *     first part, the gate's q . Xq; before dBk, since V waits for it),
@@ -44,7 +45,8 @@
  *   B: dS (bf16) | dQc (fp32) for the cluster's sums
  *   C: S0 fp32 staging (with D; without st16) | X, then U (bf16, C's first
  *      16 KB) | Rg (fp32), dP~ rq (hi + lo, C + 16 KB)
- *   D: S0 staging | dU, then dBv (hi + lo) | the gate's column sums
+ *   D: S0 staging | dU, then dBv (hi + lo) | K K^T (fp32, S's, for V's
+ *      P4 pairs) | the gate's column sums
  *   VR after P2: the S update's B operands, 16 tokens at a time; with OR,
  *      from P3 to the chunk's end, dS's second half (parked by S)
  *   ET (10 KB): exp(g_t - g_u) of V's P3 and P4 pair loops, formed by S in P2
@@ -82,6 +84,7 @@ struct FS {               /* byte offsets */
     static constexpr int A = 81920, B = 114688, C = 147456, D = 180224, SC = 212992;
     /* the fetch's two mbarriers, S0's tile and the rest: in the scalars' spare array */
     static constexpr int MB = SC + 512 + 16 * 256, MB_R = MB + 8;
+    static constexpr int MB_K = MB + 24;   /* S's K K^T in D for V's P4 (128 arrivals) */
 #ifdef GDN_FUSED_WAR_MBARRIER
     static constexpr int MB_W = MB + 16;   /* the bench variant's WAR mbarrier (war_bar) */
 #endif
@@ -101,7 +104,8 @@ static_assert(FS::PH == FS::TH + 8192, "Tm and P adjacent: one copy of the recor
 static_assert(FS::PH + 8192 - FS::TH >= CC * CC * (int)sizeof(float), "dKK (fp32) fits TH + PH");
 
 /* barriers: 0 the block, 1-3 one warpgroup, 4 X free (V and T), 5 dKK + dKK^T
- * stored (V and T), 6 the gate (V and T), 7 T's part of dQc in B (V waits) */
+ * stored (V and T), 6 the gate (V and T), 7 T's part of dQc in B (V waits);
+ * S's K K^T in D for V: the mbarrier FS::MB_K (128 arrivals a chunk) */
 /* the block's barrier, one copy a role (the role in the text: the roles' code
  * is never merged, so the registers one role keeps live are not the others') */
 template <int ROLE> __device__ __forceinline__ void block_bar() {
@@ -761,6 +765,13 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
         FP(k);          \
     } while (0)
 
+/* descriptors of a 64-row tile: A / B K-major at k step kk (16 columns);
+ * B MN-major (rows along k, 128 columns) */
+__device__ __forceinline__ uint64_t dk64(const char *t, int kk) { return vdesc(t + (kk >> 2) * 8192 + (kk & 3) * 32); }
+__device__ __forceinline__ uint64_t dk128(const char *t, int kk) { return vdesc(t + (kk >> 2) * 16384 + (kk & 3) * 32); }   /* 128-row (S) tiles */
+__device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_sw128(t + kk * 2048, 8192); }
+__device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_sw128(t + kk * 2048, 16384); }   /* S tiles, k rows */
+
 /* S: the state gradient */
 template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
@@ -916,6 +927,24 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
         for (int i = 0; i < 16; i++)
             *reinterpret_cast<float4 *>(sm + FS::VR + (i * 128 + (tidx() & 127)) * 16) =
                 make_float4(d[1][4 * i], d[1][4 * i + 1], d[1][4 * i + 2], d[1][4 * i + 3]);
+        {   /* KK = K K^T for V's pairs in P4 (S idles there), into D (free from P3's
+             * end to the next gate) in V's accumulator order, a float4 per thread per row
+             * of 128 (no bank met twice) */
+            float kk_[32];
+            cfwd::wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wss64<0, 0>(kk_, dk64((sm + FS::KR), kk), dk64((sm + FS::KR), kk), kk);
+            cfwd::wg_commit();
+            cfwd::wg_wait<0>();
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                *reinterpret_cast<float4 *>(sm + FS::D + (q * 128 + (tidx() & 127)) * 16) = make_float4(kk_[4 * q], kk_[4 * q + 1], kk_[4 * q + 2], kk_[4 * q + 3]);
+            /* each thread's stores released to V. An mbarrier, not a named barrier
+             * that S arrives at: compute-sanitizer's racecheck reports such a
+             * hand-off as a hazard even where it is correct, and would no longer
+             * vouch for the pass (bench/racecheck_handoff_model.cu) */
+            cfwd::mb_arrive(sm + FS::MB_K);
+        }
         PHASE_BAR(0, 5);   /* P4 */
         cluster_bar<0>();   /* every block's dQc, dKc in its A, B */
         FP(7);
@@ -949,13 +978,6 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
 __device__ __forceinline__ void st_if(void *at, uint32_t v, bool on) {
     asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.global.b32 [%0], %1;\n\t}" ::"l"(at), "r"(v), "r"((int)on));
 }
-
-/* descriptors of a 64-row tile: A / B K-major at k step kk (16 columns);
- * B MN-major (rows along k, 128 columns) */
-__device__ __forceinline__ uint64_t dk64(const char *t, int kk) { return vdesc(t + (kk >> 2) * 8192 + (kk & 3) * 32); }
-__device__ __forceinline__ uint64_t dk128(const char *t, int kk) { return vdesc(t + (kk >> 2) * 16384 + (kk & 3) * 32); }   /* 128-row (S) tiles */
-__device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_sw128(t + kk * 2048, 8192); }
-__device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_sw128(t + kk * 2048, 16384); }   /* S tiles, k rows */
 
 /* V: dU, dTm, dBv, Xq, dP, dQc; tmp, dA, KK */
 template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
@@ -1123,10 +1145,14 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
                 wss64<1, 1>(da, vdesc((sm + FS::TH) + kk * 2048), vdesc((sm + FS::A) + kk * 2048), kk);
                 wss64<1, 1>(da, vdesc((sm + FS::TH) + kk * 2048), vdesc((sm + FS::A) + 8192 + kk * 2048), 1);
             }
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) wss64<0, 0>(kk_, dk64((sm + FS::KR), kk), dk64((sm + FS::KR), kk), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
+            cfwd::mb_wait(sm + FS::MB_K, (uint32_t)((w.top - 1 - ci) & 1));   /* S's KK = K K^T in D */
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float4 v = *reinterpret_cast<const float4 *>(sm + FS::D + (q * 128 + (tidx() & 127)) * 16);
+                kk_[4 * q] = v.x; kk_[4 * q + 1] = v.y; kk_[4 * q + 2] = v.z; kk_[4 * q + 3] = v.w;
+            }
             /* the pairs, branch free: dbeta's sums, Rg, and dKK (lower) into TH + PH
              * (Tm's and P's place) as fp32; then S = (dKK + dKK^T) diag(rk) as hi + lo
              * from it into A + 16 KB */
@@ -1347,7 +1373,11 @@ template <bool TL> __global__ void __launch_bounds__(FT, 1) fused_kernel(BwdArgs
         if (p.kst) w.kept = *p.ktag == p.ktag_val;   /* the tag the forward left in saved (kernels before this one) */
         *reinterpret_cast<Walk *>(sm + FS::WK) = w;
     }
-    if (threadIdx.x == 128) { cfwd::mb_init(sm + FS::MB); cfwd::mb_init(sm + FS::MB_R); }   /* before the roles' first block barrier */
+    if (threadIdx.x == 128) {   /* before the roles' first block barrier */
+        cfwd::mb_init(sm + FS::MB);
+        cfwd::mb_init(sm + FS::MB_R);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(saddr(sm + FS::MB_K)) : "memory");
+    }
 #ifdef GDN_FUSED_WAR_MBARRIER
     if (threadIdx.x == 128)   /* published by the first publishing barrier, before any remote arrival */
         asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\nfence.mbarrier_init.release.cluster;" ::"r"(saddr(sm + FS::MB_W)), "r"(12 * p.G) : "memory");
