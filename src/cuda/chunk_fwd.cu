@@ -1,7 +1,8 @@
 /* CUDA chunk forward: the host side (the workspace, the tensor maps, the
  * passes' launch sequence) and the C entry points of cuda_backend.h. The
- * kernels are in chunk_fwd_prep.cu, chunk_fwd_state.cu, chunk_fwd_state_t.cu
- * and chunk_fwd_split.cu; what they share in chunk_fwd.cuh.
+ * kernels are in chunk_fwd_prep.cu, chunk_fwd_state.cu, chunk_fwd_state_t.cu,
+ * chunk_fwd_state_tk.cu and chunk_fwd_split.cu; what they share in
+ * chunk_fwd.cuh.
  *
  * The chunk forward on tensor cores (bf16 / f16 inputs; f32 inputs take the
  * exact recurrent kernel, since bf16 products cannot meet the f32 bound).
@@ -23,12 +24,16 @@
  * beta, the q and k rstd and their products in a workspace record per (chunk,
  * value head). The state kernel, one block per (sequence, value head, 128
  * columns of V), walks the chunks with its state slice in fp32 registers,
- * fetching chunks ahead by the TMA while it computes. It comes in two forms:
+ * fetching chunks ahead by the TMA while it computes. It comes in three forms:
  *
  * - transposed (K = 128, whole 128-column blocks of V, TMA-able tensors): S^T
  *   in the registers of two warpgroups is the A operand of every state
  *   product, straight from registers; q, k, T and P are the B operands in
  *   shared memory (chunk_state_t_kernel);
+ * - transposed at K = 256 (64-column blocks of V; the forward's walk over
+ *   whole sequences without checkpoints): the same with S^T split over K
+ *   between the two warpgroups, their sums over K met in shared memory
+ *   (chunk_state_tk_kernel);
  * - general (any K, V, alignment): the state's copy and Ud go through shared
  *   memory as wgmma B operands, the chunk-local products are mma.sync from
  *   ldmatrix fragments (chunk_state_kernel).
@@ -124,18 +129,26 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
         tr = p.K == 128 && p.V % 128 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
              tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
              tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
+    /* at K = 256 the transposed kernel split over K (whole 64-column blocks of
+     * V), for the forward's walk over whole sequences without checkpoints */
+    bool tk = false;
+    if constexpr (KT == 256)
+        tk = p.K == 256 && p.V % 64 == 0 && !p.sc && !p.smode && !p.ckpt && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
+             tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
+             tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
     if (p.smode && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences or a window */
     const bool need16 = p.st16 == 2;   /* required: the caller's states area has room for tiles only */
     p.st16 = p.st16 && tr && p.V == 128;   /* the bf16 tiles from the transposed kernel only */
     if (need16 && !p.st16) return cudaErrorNotSupported;   /* before any launch */
     if (!(tr && p.V == 128)) { p.keep = nullptr; p.ktag_val = 0; }   /* the tiles from the transposed kernel only */
     if (st16) *st16 = p.st16;
-    if (tr) {
-        e = StateTPass<E>::attr();
+    if (tr || tk) {
+        e = tr ? StateTPass<E>::attr() : StateTKPass<E>::attr();
         if (e != cudaSuccess) return e;
     }
-    auto walk = [&](const ChunkArgs &pa, unsigned blocks) {   /* the state pass, either form */
-        return tr ? StateTPass<E>::launch(pa, blocks, ws, tmt, st) : StatePass<KT, BV, E>::launch(pa, blocks, ws, tm, st);
+    auto walk = [&](const ChunkArgs &pa, unsigned blocks) {   /* the state pass, in its form */
+        return tr ? StateTPass<E>::launch(pa, blocks, ws, tmt, st)
+               : tk ? StateTKPass<E>::launch(pa, blocks, ws, tmt, st) : StatePass<KT, BV, E>::launch(pa, blocks, ws, tm, st);
     };
     /* the grids are 1-D: more than 2^31 - 1 blocks is no launch, and the
      * (unsigned) casts below would silently cut 2^32 or more (the prep's grid

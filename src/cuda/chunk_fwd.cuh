@@ -500,6 +500,11 @@ template <typename E> struct GDN_CFWD_HIDDEN StateTPass {
     static cudaError_t attr();
     static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);
 };
+/* chunk_fwd_state_tk.cu (K = 256, the forward's pass 0 over whole sequences); as StateTPass */
+template <typename E> struct GDN_CFWD_HIDDEN StateTKPass {
+    static cudaError_t attr();
+    static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);
+};
 /* chunk_fwd_split.cu: chunks per segment (0 = no split; _kept: for a forward
  * that keeps its maps in saved), and the scan between passes 1 and 3 */
 GDN_CFWD_HIDDEN int seg_chunks(const gdn_plan *pl);

@@ -1,0 +1,331 @@
+/* CUDA chunk forward, kernel 2tk (the state walk transposed at K = 256: whole
+ * 64-column blocks of V, q, k and v by the TMA, the forward's pass over whole
+ * sequences without checkpoints): S^T split over K between two warpgroups,
+ * their sums over K met in shared memory; its launcher. */
+#include "cuda/chunk_fwd.cuh"
+
+namespace gdn {
+namespace cfwd {
+namespace {
+
+/* ---- kernel 2tk: per (sequence, value head, 64 columns of V) the state walk
+ * of kernel 2t (chunk_fwd_state_t.cu) at K = 256. One warpgroup cannot hold a
+ * 64 x 256 S^T beside its products' fragments (128 registers of state alone),
+ * so warpgroup cg holds S^T's K columns [128 cg, 128 cg + 128) and forms its
+ * part of the sums over K:
+ *   [X | O]^T_cg = S^T_cg [K; Q]_cg^T      (S as hi + lo for bf16)
+ * The two parts meet in shared memory (fp32, in the accumulator's order: a
+ * float4 a thread a row of 128, no bank met twice), X^T = X0 + X1 in both
+ * (the same bits: one addition of the same two values), O^T's in warpgroup 0.
+ * Then both form R^T = beta V^T - b X^T and U^T = R^T T^T (the same values in
+ * both) and update their own columns, S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg
+ * (U as hi + lo for bf16). Warpgroup 1 forms P = Q K^T (masked, scaled)
+ * behind its U and hands it to warpgroup 0 on an mbarrier (one buffer: P is
+ * written after the meeting, which warpgroup 0 reaches only when done with
+ * the last chunk's P); warpgroup 0 forms O^T = co O^T + U^T P^T, staged
+ * through the chunk's first q block (read by no product after the meeting)
+ * and stored. The block's two meetings are __syncthreads (racecheck reported
+ * the same exchange on named barriers; bench/NOTES.md, stop 59). q, k and v
+ * come by the TMA in the 128-byte swizzle and the record by one bulk copy,
+ * two chunks ahead. ---- */
+constexpr int TK = 256;   /* threads: two warpgroups */
+struct KStage {           /* one chunk's inputs; 1024-byte aligned pieces for the swizzle */
+    static constexpr int kq = 0;          /* [k cols 64 b .. + 63][q cols 64 b .. + 63] for b = 0..3, 64 rows x 128 B each */
+    static constexpr int v = 65536;       /* the block's 64 columns of v */
+    static constexpr int rec = 73728;     /* T blocked, then the per-token rows */
+    static constexpr int bytes = rec + REC;
+};
+struct KSmem {
+    static constexpr int p = 2 * KStage::bytes;       /* P blocked, C x C (warpgroup 1 forms it, warpgroup 0 reads it) */
+    static constexpr int x0 = p + CC * CC * 2;        /* the parts: X^T of warpgroup 0, of warpgroup 1, O^T of warpgroup 1 */
+    static constexpr int x1 = x0 + 16384, o1 = x1 + 16384;
+    static constexpr int mb = o1 + 16384;             /* mbarriers full[2], pready; then cnt[2] */
+    static constexpr int bytes = mb + 3 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
+};
+static_assert(KSmem::bytes <= 227 * 1024, "the K = 256 transposed state kernel's shared memory fits an SM");
+static_assert(KStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
+
+__device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+/* a warpgroup's 32 fp32 values a thread to / from a 16 KB part (row q of 128 float4) */
+__device__ __forceinline__ void part_put(char *at, const float *x, int t) {
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        *reinterpret_cast<float4 *>(at + (q * 128 + t) * 16) = make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+}
+__device__ __forceinline__ void part_add(const char *at, float *x, int t) {
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const float4 v = *reinterpret_cast<const float4 *>(at + (q * 128 + t) * 16);
+        x[4 * q] += v.x; x[4 * q + 1] += v.y; x[4 * q + 2] += v.z; x[4 * q + 3] += v.w;
+    }
+}
+
+template <typename E>
+__global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
+    using M = mma_traits<E>;
+    constexpr int NS = M::split ? 2 : 1;
+    extern __shared__ __align__(1024) char smk_raw[];
+    char *sm = smk_raw + ((1024 - (saddr(smk_raw) & 1023)) & 1023);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sm + KSmem::mb);
+    uint64_t *pready = full + 2;   /* P stored (128 arrivals a chunk, warpgroup 1's threads) */
+    int *cnt = reinterpret_cast<int *>(sm + KSmem::mb + 24);
+    E *Ps = reinterpret_cast<E *>(sm + KSmem::p);
+    const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
+    const int cg = w >> 2, wl = w & 3, t7 = tid & 127;   /* warpgroup (K half), warp in it (16 rows of S^T) */
+    const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, n = blockIdx.x / (p.nvb * p.HV), h = j / p.G;
+    int64_t bos, len;
+    seq_range(p, n, &bos, &len);
+    const int nch = (int)((len + CC - 1) / CC);
+    if (p.tag && blockIdx.x == 0 && tid == 0) {   /* every forward sets the tags */
+        p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val; p.tag[2] = p.ktag_val;
+    }
+    const int vcol0 = vb * 64, d0 = vcol0 + wl * 16 + g, k0 = cg * 128;   /* this thread's rows of S^T: d0, d0 + 8 */
+    const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
+
+    auto fetch = [&](int i) {   /* chunk i into stage i & 1, by thread 0 */
+        char *stg = sm + (i & 1) * KStage::bytes;
+        uint64_t *mb = full + (i & 1);
+        const int row0 = (int)(bos + (int64_t)i * CC);
+        mb_expect(mb, KStage::bytes);
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            tma_rows(stg + KStage::kq + b * 16384, &tm.k, 64 * b, h, row0, mb);
+            tma_rows(stg + KStage::kq + b * 16384 + 8192, &tm.q, 64 * b, h, row0, mb);
+        }
+        tma_rows(stg + KStage::v, &tm.v, vcol0, j, row0, mb);
+        bulk_copy(stg + KStage::rec, ws + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
+    };
+
+    /* S^T: st[4 i + e] = S[k = k0 + 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] (from h0 or 0: not the prep's) */
+    float st[64];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st[4 * i + e] = state_in(p, false, 0, 0, j, sbase, k0 + 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1));
+    if (tid == 0) {
+        mb_init(full); mb_init(full + 1);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(saddr(pready)) : "memory");
+        cnt[0] = cnt[1] = 0;
+    }
+    __syncthreads();
+    /* a programmatic launch comes here while the prep runs: its records from now on */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (tid == 0) {
+        if (0 < nch) fetch(0);
+        if (1 < nch) fetch(1);
+    }
+    const int lm = lane >> 3, lr = lane & 7;
+    for (int i = 0; i < nch; i++) {
+        const int sl = i & 1;
+        const uint32_t par = (i >> 1) & 1;
+        char *stg = sm + sl * KStage::bytes;
+        const E *KQ = reinterpret_cast<const E *>(stg + KStage::kq);
+        const char *Vb = stg + KStage::v;
+        const E *Ts = reinterpret_cast<const E *>(stg + KStage::rec);
+        const float *F = reinterpret_cast<const float *>(stg + KStage::rec + REC_T);
+        const int64_t row0 = bos + (int64_t)i * CC;
+        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+        mb_wait(full + sl, par);
+        if (c < CC) {   /* a sequence's last chunk: k and v rows past it to zero (another sequence's) */
+            for (int x = tid; x < (CC - c) * 8 * 5; x += TK) {
+                const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
+                char *base = part < 4 ? stg + KStage::kq + part * 16384 : stg + KStage::v;
+                *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fence_async_smem();
+            gdn::bar_named(1, TK);
+        }
+
+        /* ---- this warpgroup's part of [X | O]^T = S^T [K; Q]^T ---- */
+        float xo[64];
+        {
+            uint32_t sa[8][NS][4];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const int kg = cg * 8 + kk;
+                const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
+                wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+            }
+            wg_commit();
+            wg_wait<0>();
+        }
+        /* ---- the parts meet: X^T whole in both, O^T's in warpgroup 0 ---- */
+        if (cg == 0) {
+            part_put(sm + KSmem::x0, xo, t7);
+        } else {
+            part_put(sm + KSmem::x1, xo, t7);
+            part_put(sm + KSmem::o1, xo + 32, t7);
+        }
+        __syncthreads();   /* the parts stored (the block is the two warpgroups) */
+        if (cg == 0) {
+            part_add(sm + KSmem::x1, xo, t7);
+            part_add(sm + KSmem::o1, xo + 32, t7);
+        } else {
+            part_add(sm + KSmem::x0, xo, t7);
+        }
+        __syncthreads();   /* both parts read before either is written again */
+        /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
+        uint32_t vt[8][2];
+#pragma unroll
+        for (int ip = 0; ip < 8; ip += 2) {
+            const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+            uint32_t r[4];
+            ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+            vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
+        }
+        /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
+        float u[32];
+        {
+            float r[32];
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
+                const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
+                r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
+                r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
+                r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
+                r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+            }
+            uint32_t ra[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
+            wg_commit();
+        }
+        /* warpgroup 1: P = Q K^T behind U (its operands in shared memory); warpgroup 0: O^T = co Q S (per token) */
+        float o[32], pa[32];
+        if (cg == 1) {
+#pragma unroll
+            for (int kg = 0; kg < 16; kg++)
+                wss64<0, 0, M::bf>(pa, desc_sw128(KQ + 4096 + (kg >> 2) * 8192 + (kg & 3) * 16, 16),
+                                   desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16), kg);
+            wg_commit();
+            wg_wait<1>();   /* U done (P may run on) */
+        } else {
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+                o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
+                o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+            }
+            wg_wait<0>();
+        }
+        /* ---- O^T += U^T P^T (warpgroup 0); S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg ---- */
+        {
+            uint32_t ua[4][4], ud[4][NS][4];
+            if (cg == 0)
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
+#pragma unroll
+            for (int a = 0; a < 8; a++) {
+                const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
+                u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
+            const float dl = __expf(F[F_GC * CC + CC - 1]);
+#pragma unroll
+            for (int x = 0; x < 64; x++) st[x] *= dl;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = desc_sw128(KQ + cg * 16384 + kk * 16 * 64, 16384);
+                wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
+                if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
+            }
+            wg_commit();
+            if (cg == 1) {
+                wg_wait<1>();   /* P done (S's products run on) */
+                /* P (rows t of this warp, all 64 columns s): masked, scaled, to shared memory */
+                const int t0 = wl * 16 + g, t1 = t0 + 8;
+                const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
+                const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
+                float pv[8][4];
+#pragma unroll
+                for (int a = 0; a < 8; a++) {
+                    const int s0 = a * 8 + 2 * tq;
+                    const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
+                    const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
+                    pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
+                    pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
+                    pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
+                    pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
+                }
+#pragma unroll
+                for (int a = 0; a < 8; a += 2)
+                    stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]), M::pack(pv[a][2], pv[a][3]),
+                          M::pack(pv[a + 1][0], pv[a + 1][1]), M::pack(pv[a + 1][2], pv[a + 1][3]));
+                fence_async_smem();   /* for warpgroup 0's products */
+                mb_arrive(pready);    /* each thread's stores released (an mbarrier: racecheck sees it, bench/racecheck_handoff_model.cu) */
+            } else {
+                mb_wait(pready, (uint32_t)(i & 1));   /* P of this chunk stored */
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+                wg_commit();
+                wg_wait<0>();
+            }
+        }
+        /* O rows of this chunk (warpgroup 0): transposed into the chunk's first q block (128-byte rows
+         * in the 128-byte swizzle; no product reads q after the meeting), then 16 bytes a thread */
+        if (cg == 0) {
+            char *Os = stg + KStage::kq + 8192;
+#pragma unroll
+            for (int a = 0; a < 8; a += 2) {
+                const int tok = 8 * (a + (lm >> 1)) + lr;
+                stsm4t(Os + tok * 128 + (((2 * wl + (lm & 1)) ^ lr) << 4), M::pack(o[4 * a], o[4 * a + 1]), M::pack(o[4 * a + 2], o[4 * a + 3]),
+                       M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
+            }
+            gdn::bar_named(2, 128);
+            for (int x = t7; x < c * 8; x += 128) {
+                const int r = x >> 3, c8 = (x & 7) * 8;
+                *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + c8) =
+                    *reinterpret_cast<const uint4 *>(Os + r * 128 + (((x & 7) ^ (r & 7)) << 4));
+            }
+        }
+        wg_wait<0>();
+        gdn::bar_named(2 + cg, 128);   /* this warpgroup is done with the stage (and its O rows) */
+        if (t7 == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
+    }
+    /* the final state: ht */
+    if (p.ht) {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                p.ht[state_at(p, sbase, p.V, k0 + 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * i + e];
+    }
+}
+
+}  // namespace
+
+template <typename E> cudaError_t StateTKPass<E>::attr() {
+    static bool done = false;
+    return smem_attr(chunk_state_tk_kernel<E>, KSmem::bytes, &done);
+}
+template <typename E>
+cudaError_t StateTKPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
+    /* a programmatic dependent of the prep: its launch and prologue overlap the prep's tail */
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(blocks); lc.blockDim = dim3(TK); lc.stream = st;
+    lc.dynamicSmemBytes = KSmem::bytes;
+    lc.attrs = at; lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E>, p, ws, tm);
+}
+template struct StateTKPass<__nv_bfloat16>;
+template struct StateTKPass<__half>;
+
+}  // namespace cfwd
+}  // namespace gdn
