@@ -23,8 +23,8 @@ namespace {
  * behind its U and hands it to warpgroup 0 on an mbarrier (one buffer: P is
  * written after the meeting, which warpgroup 0 reaches only when done with
  * the last chunk's P); warpgroup 0 forms O^T = co O^T + U^T P^T, staged
- * through the chunk's first q block (read by no product after the meeting)
- * and stored. The block's two meetings are __syncthreads (racecheck reported
+ * through the chunk's first q block (its last reader, warpgroup 1's P, is
+ * done before the mbarrier warpgroup 0 waits on) and stored. The block's two meetings are __syncthreads (racecheck reported
  * the same exchange on named barriers; bench/NOTES.md, stop 59). q, k and v
  * come by the TMA in the 128-byte swizzle and the record by one bulk copy,
  * two chunks ahead. ---- */
@@ -276,7 +276,8 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
             }
         }
         /* O rows of this chunk (warpgroup 0): transposed into the chunk's first q block (128-byte rows
-         * in the 128-byte swizzle; no product reads q after the meeting), then 16 bytes a thread */
+         * in the 128-byte swizzle; free: warpgroup 1's P, its last reader, completed before P's
+         * mbarrier), then 16 bytes a thread */
         if (cg == 0) {
             char *Os = stg + KStage::kq + 8192;
 #pragma unroll
