@@ -979,7 +979,7 @@ __device__ __forceinline__ void st_if(void *at, uint32_t v, bool on) {
     asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.global.b32 [%0], %1;\n\t}" ::"l"(at), "r"(v), "r"((int)on));
 }
 
-/* V: dU, dTm, dBv, Xq, dP, dQc; tmp, dA, KK */
+/* V: dU, dTm, dBv, Xq, dP, dQc; tmp, dA, the pairs (with S's KK) */
 template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
     Frag f;
     int tq = f.tq, r0 = f.r0, r1 = r0 + 8;
@@ -1120,7 +1120,7 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             add_f32(dqc, (sm + FS::B), f);
         }
         PHASE_BAR(1, 4);   /* P3 */
-        /* P4: tmp = dTm Tm^T into A (hi + lo); dA = -Tm^T tmp; KK = K K^T; the
+        /* P4: tmp = dTm Tm^T into A (hi + lo); dA = -Tm^T tmp; S's KK = K K^T; the
          * pairs; dKK + dKK^T (times rk) into A + 16 KB */
         {
             float tm[32];
