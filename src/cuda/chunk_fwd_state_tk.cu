@@ -24,10 +24,10 @@ namespace {
  * written after the meeting, which warpgroup 0 reaches only when done with
  * the last chunk's P); warpgroup 0 forms O^T = co O^T + U^T P^T, staged
  * through the chunk's first q block (its last reader, warpgroup 1's P, is
- * done before the mbarrier warpgroup 0 waits on) and stored. The block's two meetings are __syncthreads (racecheck reported
- * the same exchange on named barriers; bench/NOTES.md, stop 59). q, k and v
- * come by the TMA in the 128-byte swizzle and the record by one bulk copy,
- * two chunks ahead. ---- */
+ * done before the mbarrier warpgroup 0 waits on) and stored. The block's
+ * two meetings are __syncthreads (racecheck reported the same exchange on
+ * named barriers; bench/NOTES.md, stop 59). q, k and v come by the TMA in
+ * the 128-byte swizzle and the record by one bulk copy, two chunks ahead. ---- */
 constexpr int TK = 256;   /* threads: two warpgroups */
 struct KStage {           /* one chunk's inputs; 1024-byte aligned pieces for the swizzle */
     static constexpr int kq = 0;          /* [k cols 64 b .. + 63][q cols 64 b .. + 63] for b = 0..3, 64 rows x 128 B each */
