@@ -121,21 +121,19 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     const bool bf = mma_traits<E>::bf;
     p.tma = KT + 8 <= 256 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 && tile_map(&tm.q, p.q, bf, rows, p.H, p.K, KT + 8) &&
             tile_map(&tm.k, p.k, bf, rows, p.H, p.K, KT + 8) && tile_map(&tm.v, p.v, bf, rows, p.HV, p.V, BV + 8);
-    /* the transposed kernel where K = 128, V is whole 128-column blocks and
-     * the TMA takes q, k, v in the 128-byte swizzle (64-column boxes) */
+    /* the transposed kernels' q, k, v by the TMA in the 128-byte swizzle (64-column boxes) */
     TmaMaps tmt{};
+    auto maps_t = [&] {
+        return (reinterpret_cast<uintptr_t>(ws) & 15) == 0 && tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) &&
+               tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
+    };
+    /* the transposed kernel where K = 128 and V is whole 128-column blocks */
     bool tr = false;
-    if constexpr (KT == 128)
-        tr = p.K == 128 && p.V % 128 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
-             tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
-             tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
+    if constexpr (KT == 128) tr = p.K == 128 && p.V % 128 == 0 && maps_t();
     /* at K = 256 the transposed kernel split over K (whole 64-column blocks of
      * V), for the forward's walk over whole sequences without checkpoints */
     bool tk = false;
-    if constexpr (KT == 256)
-        tk = p.K == 256 && p.V % 64 == 0 && !p.sc && !p.smode && !p.ckpt && (reinterpret_cast<uintptr_t>(ws) & 15) == 0 &&
-             tile_map(&tmt.q, p.q, bf, rows, p.H, p.K, 64, true) && tile_map(&tmt.k, p.k, bf, rows, p.H, p.K, 64, true) &&
-             tile_map(&tmt.v, p.v, bf, rows, p.HV, p.V, 64, true);
+    if constexpr (KT == 256) tk = p.K == 256 && p.V % 64 == 0 && !p.sc && !p.smode && !p.ckpt && maps_t();
     if (p.smode && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences or a window */
     const bool need16 = p.st16 == 2;   /* required: the caller's states area has room for tiles only */
     p.st16 = p.st16 && tr && p.V == 128;   /* the bf16 tiles from the transposed kernel only */
