@@ -131,9 +131,9 @@ cudaError_t launch(ChunkArgs p, int64_t rows, int64_t N, int maxch, char *ws, cu
     bool tr = false;
     if constexpr (KT == 128) tr = p.K == 128 && p.V % 128 == 0 && maps_t();
     /* at K = 256 the transposed kernel split over K (whole 64-column blocks of
-     * V), for the forward's walk over whole sequences without checkpoints */
+     * V), for every walk but the split's */
     bool tk = false;
-    if constexpr (KT == 256) tk = p.K == 256 && p.V % 64 == 0 && !p.sc && !p.smode && !p.ckpt && maps_t();
+    if constexpr (KT == 256) tk = p.K == 256 && p.V % 64 == 0 && !p.sc && maps_t();
     if (p.smode && p.sc) return cudaErrorNotSupported;   /* the states mode: whole sequences or a window */
     const bool need16 = p.st16 == 2;   /* required: the caller's states area has room for tiles only */
     p.st16 = p.st16 && tr && p.V == 128;   /* the bf16 tiles from the transposed kernel only */

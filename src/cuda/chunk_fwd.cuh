@@ -500,7 +500,7 @@ template <typename E> struct GDN_CFWD_HIDDEN StateTPass {
     static cudaError_t attr();
     static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);
 };
-/* chunk_fwd_state_tk.cu (K = 256, the forward's pass 0 over whole sequences); as StateTPass */
+/* chunk_fwd_state_tk.cu (K = 256, pass 0: the forward, its checkpoints, the backward's states walk); as StateTPass */
 template <typename E> struct GDN_CFWD_HIDDEN StateTKPass {
     static cudaError_t attr();
     static cudaError_t launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st);

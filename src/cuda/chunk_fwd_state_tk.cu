@@ -1,7 +1,8 @@
 /* CUDA chunk forward, kernel 2tk (the state walk transposed at K = 256: whole
- * 64-column blocks of V, q, k and v by the TMA, the forward's pass over whole
- * sequences without checkpoints): S^T split over K between two warpgroups,
- * their sums over K met in shared memory; its launcher. */
+ * 64-column blocks of V, q, k and v by the TMA; the forward's walk, with or
+ * without the backward's checkpoints, and the backward's states walk, over
+ * whole sequences or a window; not the split): S^T split over K between two
+ * warpgroups, their sums over K met in shared memory; its launcher. */
 #include "cuda/chunk_fwd.cuh"
 
 namespace gdn {
@@ -20,14 +21,18 @@ namespace {
  * Then both form R^T = beta V^T - b X^T and U^T = R^T T^T (the same values in
  * both) and update their own columns, S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg
  * (U as hi + lo for bf16). Warpgroup 1 forms P = Q K^T (masked, scaled)
- * behind its U and hands it to warpgroup 0 on an mbarrier (one buffer: P is
- * written after the meeting, which warpgroup 0 reaches only when done with
- * the last chunk's P); warpgroup 0 forms O^T = co O^T + U^T P^T, staged
- * through the chunk's first q block (its last reader, warpgroup 1's P, is
- * done before the mbarrier warpgroup 0 waits on) and stored. The block's
- * two meetings are __syncthreads (racecheck reported the same exchange on
- * named barriers; bench/NOTES.md, stop 59). q, k and v come by the TMA in
- * the 128-byte swizzle and the record by one bulk copy, two chunks ahead. ---- */
+ * beside its U and hands it to warpgroup 0 on an mbarrier before it issues
+ * its state products: P's 32 accumulators are dead by then, which keeps
+ * ptxas from serializing the f16 kernel's wgmma (bench/NOTES.md v5.53). One
+ * P buffer: P is written after the meeting, which warpgroup 0 reaches only
+ * when done with the last chunk's P. Warpgroup 0 forms O^T = co O^T + U^T
+ * P^T, staged through the chunk's first q block (its last reader, warpgroup
+ * 1's P, is done before the mbarrier warpgroup 0 waits on) and stored. The
+ * block's two meetings are __syncthreads (racecheck reports warpgroup 0's
+ * stores of its part against warpgroup 1's loads across them, as it did
+ * across named barriers; bench/NOTES.md v5.53). q, k and v come by the TMA
+ * in the 128-byte swizzle and the record by one bulk copy, two chunks
+ * ahead. ---- */
 constexpr int TK = 256;   /* threads: two warpgroups */
 struct KStage {           /* one chunk's inputs; 1024-byte aligned pieces for the swizzle */
     static constexpr int kq = 0;          /* [k cols 64 b .. + 63][q cols 64 b .. + 63] for b = 0..3, 64 rows x 128 B each */
@@ -63,7 +68,12 @@ __device__ __forceinline__ void part_add(const char *at, float *x, int t) {
     }
 }
 
-template <typename E>
+/* ST: the backward's states mode (p.smode, whole sequences or a window):
+ * each chunk's entering state stored where p.states is not NULL; no q, P or
+ * o (X^T = S^T K^T alone, so warpgroup 1 stores no O part). CK: the forward
+ * storing the backward's checkpoints (p.ckpt). Separate instances, so the
+ * forward's code is untouched */
+template <typename E, bool ST, bool CK>
 __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using M = mma_traits<E>;
     constexpr int NS = M::split ? 2 : 1;
@@ -78,27 +88,36 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
     const int vb = blockIdx.x % p.nvb, j = (blockIdx.x / p.nvb) % p.HV, n = blockIdx.x / (p.nvb * p.HV), h = j / p.G;
     int64_t bos, len;
     seq_range(p, n, &bos, &len);
-    const int nch = (int)((len + CC - 1) / CC);
-    if (p.tag && blockIdx.x == 0 && tid == 0) {   /* every forward sets the tags */
+    const int nch_all = (int)((len + CC - 1) / CC);
+    int i0, nch;   /* chunks [i0, nch): the sequence, or the backward's window */
+    if (!ST && p.tag && blockIdx.x == 0 && tid == 0) {   /* before any return: every forward sets the tags */
         p.tag[0] = p.tag_val; p.tag[1] = p.mtag_val; p.tag[2] = p.ktag_val;
+    }
+    if constexpr (ST) {
+        if (!walk_range(p, 0, nch_all, &i0, &nch) || walk_skipped(p) || states_kept(p)) return;
+    } else {
+        i0 = 0; nch = nch_all;   /* the forward: whole sequences */
     }
     const int vcol0 = vb * 64, d0 = vcol0 + wl * 16 + g, k0 = cg * 128;   /* this thread's rows of S^T: d0, d0 + 8 */
     const int64_t sbase = ((int64_t)n * p.HV + j) * p.K * p.V;
 
-    auto fetch = [&](int i) {   /* chunk i into stage i & 1, by thread 0 */
-        char *stg = sm + (i & 1) * KStage::bytes;
-        uint64_t *mb = full + (i & 1);
+    auto fetch = [&](int i) {   /* chunk i into stage (i - i0) & 1, by thread 0 */
+        char *stg = sm + ((i - i0) & 1) * KStage::bytes;
+        uint64_t *mb = full + ((i - i0) & 1);
         const int row0 = (int)(bos + (int64_t)i * CC);
-        mb_expect(mb, KStage::bytes);
+        mb_expect(mb, KStage::bytes - (ST ? 4 * 8192 : 0));   /* ST: no q */
 #pragma unroll
         for (int b = 0; b < 4; b++) {
             tma_rows(stg + KStage::kq + b * 16384, &tm.k, 64 * b, h, row0, mb);
-            tma_rows(stg + KStage::kq + b * 16384 + 8192, &tm.q, 64 * b, h, row0, mb);
+            if (!ST) tma_rows(stg + KStage::kq + b * 16384 + 8192, &tm.q, 64 * b, h, row0, mb);
         }
         tma_rows(stg + KStage::v, &tm.v, vcol0, j, row0, mb);
         bulk_copy(stg + KStage::rec, ws + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)REC, REC, mb);
     };
 
+    /* the backward's states mode starts from a state the kernel before it may have written
+     * (a checkpoint, or the split's h0 rows from its folds): that kernel first */
+    if (ST) asm volatile("griddepcontrol.wait;" ::: "memory");
     /* S^T: st[4 i + e] = S[k = k0 + 8 i + 2 tq + (e & 1)][d0 + 8 (e >> 1)] (from h0 or 0: not the prep's) */
     float st[64];
 #pragma unroll
@@ -114,137 +133,121 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
     /* a programmatic launch comes here while the prep runs: its records from now on */
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (tid == 0) {
-        if (0 < nch) fetch(0);
-        if (1 < nch) fetch(1);
+        if (i0 < nch) fetch(i0);
+        if (i0 + 1 < nch) fetch(i0 + 1);
     }
     const int lm = lane >> 3, lr = lane & 7;
-    for (int i = 0; i < nch; i++) {
-        const int sl = i & 1;
-        const uint32_t par = (i >> 1) & 1;
-        char *stg = sm + sl * KStage::bytes;
-        const E *KQ = reinterpret_cast<const E *>(stg + KStage::kq);
-        const char *Vb = stg + KStage::v;
-        const E *Ts = reinterpret_cast<const E *>(stg + KStage::rec);
-        const float *F = reinterpret_cast<const float *>(stg + KStage::rec + REC_T);
-        const int64_t row0 = bos + (int64_t)i * CC;
-        const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
-        mb_wait(full + sl, par);
-        if (c < CC) {   /* a sequence's last chunk: k and v rows past it to zero (another sequence's) */
-            for (int x = tid; x < (CC - c) * 8 * 5; x += TK) {
-                const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
-                char *base = part < 4 ? stg + KStage::kq + part * 16384 : stg + KStage::v;
-                *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+    /* the chunks in runs between the backward's checkpoints (CK; else one run), each
+     * checkpoint stored before its run, out of the chunk loop's code */
+    for (int ib = i0; ib < nch;) {
+        const int ie = CK ? ckpt_end(p, ib, nch) : nch;
+        if (CK)
+            if (float *ck = ckpt_of(p, ib, sbase)) {   /* a checkpoint for the backward's windows (h0's layout) */
+#pragma unroll
+                for (int q = 0; q < 16; q++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) ck[state_at(p, 0, p.V, k0 + 8 * q + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * q + e];
             }
-            fence_async_smem();
-            gdn::bar_named(1, TK);
-        }
+        for (int i = ib; i < ie; i++) {
+            const int sl = (i - i0) & 1;
+            const uint32_t par = ((i - i0) >> 1) & 1;
+            char *stg = sm + sl * KStage::bytes;
+            const E *KQ = reinterpret_cast<const E *>(stg + KStage::kq);
+            const char *Vb = stg + KStage::v;
+            const E *Ts = reinterpret_cast<const E *>(stg + KStage::rec);
+            const float *F = reinterpret_cast<const float *>(stg + KStage::rec + REC_T);
+            const int64_t row0 = bos + (int64_t)i * CC;
+            const int c = len - (int64_t)i * CC < CC ? (int)(len - (int64_t)i * CC) : CC;
+            if (ST && p.states) {   /* the state entering chunk i, this thread's part */
+                float *sd = p.states + (rec_slot(p, bos, n, i) * p.HV + j) * (int64_t)p.K * p.V;
+#pragma unroll
+                for (int q = 0; q < 16; q++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sd[(int64_t)(k0 + 8 * q + 2 * tq + (e & 1)) * p.V + d0 + 8 * (e >> 1)] = st[4 * q + e];
+            }
+            mb_wait(full + sl, par);
+            if (c < CC) {   /* a sequence's last chunk: k and v rows past it to zero (another sequence's) */
+                for (int x = tid; x < (CC - c) * 8 * 5; x += TK) {
+                    const int part = x / ((CC - c) * 8), y = x % ((CC - c) * 8);
+                    char *base = part < 4 ? stg + KStage::kq + part * 16384 : stg + KStage::v;
+                    *reinterpret_cast<uint4 *>(base + (c + y / 8) * 128 + (y % 8) * 16) = make_uint4(0, 0, 0, 0);
+                }
+                fence_async_smem();
+                gdn::bar_named(1, TK);
+            }
 
-        /* ---- this warpgroup's part of [X | O]^T = S^T [K; Q]^T ---- */
-        float xo[64];
-        {
-            uint32_t sa[8][NS][4];
+            /* ---- this warpgroup's part of [X | O]^T = S^T [K; Q]^T (ST: X^T = S^T K^T, the first 64 columns of the same B tile) ---- */
+            float xo[ST ? 32 : 64];
+            {
+                uint32_t sa[8][NS][4];
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
-            wg_fence();
+                for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
+                wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const int kg = cg * 8 + kk;
-                const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
-                wgt_rs<128, M::bf, 0>(xo, sa[kk][0], db, kk);
-                if (M::split) wgt_rs<128, M::bf, 0>(xo, sa[kk][1], db, 1);
+                for (int kk = 0; kk < 8; kk++) {
+                    const int kg = cg * 8 + kk;
+                    const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
+                    wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                    if (M::split) wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][1], db, 1);
+                }
+                wg_commit();
+                wg_wait<0>();
             }
-            wg_commit();
-            wg_wait<0>();
-        }
-        /* ---- the parts meet: X^T whole in both, O^T's in warpgroup 0 ---- */
-        if (cg == 0) {
-            part_put(sm + KSmem::x0, xo, t7);
-        } else {
-            part_put(sm + KSmem::x1, xo, t7);
-            part_put(sm + KSmem::o1, xo + 32, t7);
-        }
-        __syncthreads();   /* the parts stored (the block is the two warpgroups) */
-        if (cg == 0) {
-            part_add(sm + KSmem::x1, xo, t7);
-            part_add(sm + KSmem::o1, xo + 32, t7);
-        } else {
-            part_add(sm + KSmem::x0, xo, t7);
-        }
-        __syncthreads();   /* both parts read before either is written again */
-        /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
-        uint32_t vt[8][2];
-#pragma unroll
-        for (int ip = 0; ip < 8; ip += 2) {
-            const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
-            uint32_t r[4];
-            ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
-            vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
-        }
-        /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
-        float u[32];
-        {
-            float r[32];
-#pragma unroll
-            for (int a = 0; a < 8; a++) {
-                const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
-                const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
-                r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
-                r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
-                r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
-                r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+            /* ---- the parts meet: X^T whole in both, O^T's in warpgroup 0 ---- */
+            if (cg == 0) {
+                part_put(sm + KSmem::x0, xo, t7);
+            } else {
+                part_put(sm + KSmem::x1, xo, t7);
+                if constexpr (!ST) part_put(sm + KSmem::o1, xo + 32, t7);
             }
-            uint32_t ra[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
-            wg_commit();
-        }
-        /* warpgroup 1: P = Q K^T behind U (its operands in shared memory); warpgroup 0: O^T = co Q S (per token) */
-        float o[32], pa[32];
-        if (cg == 1) {
-#pragma unroll
-            for (int kg = 0; kg < 16; kg++)
-                wss64<0, 0, M::bf>(pa, desc_sw128(KQ + 4096 + (kg >> 2) * 8192 + (kg & 3) * 16, 16),
-                                   desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16), kg);
-            wg_commit();
-            wg_wait<1>();   /* U done (P may run on) */
-        } else {
-#pragma unroll
-            for (int a = 0; a < 8; a++) {
-                const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
-                o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
-                o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+            __syncthreads();   /* the parts stored (the block is the two warpgroups) */
+            if (cg == 0) {
+                part_add(sm + KSmem::x1, xo, t7);
+                if constexpr (!ST) part_add(sm + KSmem::o1, xo + 32, t7);
+            } else {
+                part_add(sm + KSmem::x0, xo, t7);
             }
-            wg_wait<0>();
-        }
-        /* ---- O^T += U^T P^T (warpgroup 0); S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg ---- */
-        {
-            uint32_t ua[4][4], ud[4][NS][4];
-            if (cg == 0)
+            __syncthreads();   /* both parts read before either is written again */
+            /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
+            uint32_t vt[8][2];
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
-#pragma unroll
-            for (int a = 0; a < 8; a++) {
-                const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
-                u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+            for (int ip = 0; ip < 8; ip += 2) {
+                const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+                uint32_t r[4];
+                ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+                vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
             }
+            /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
+            float u[32];
+            {
+                float r[32];
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
-            const float dl = __expf(F[F_GC * CC + CC - 1]);
+                for (int a = 0; a < 8; a++) {
+                    const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
+                    const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
+                    r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
+                    r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
+                    r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
+                    r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
+                }
+                uint32_t ra[4][4];
 #pragma unroll
-            for (int x = 0; x < 64; x++) st[x] *= dl;
-            wg_fence();
+                for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
+                wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const uint64_t db = desc_sw128(KQ + cg * 16384 + kk * 16 * 64, 16384);
-                wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
-                if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
+                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
+                wg_commit();
             }
-            wg_commit();
-            if (cg == 1) {
-                wg_wait<1>();   /* P done (S's products run on) */
+            /* warpgroup 1: P = Q K^T behind U (its operands in shared memory); warpgroup 0: O^T = co Q S (per token) */
+            float o[32], pa[32];
+            if constexpr (ST) wg_wait<0>();
+            else if (cg == 1) {
+#pragma unroll
+                for (int kg = 0; kg < 16; kg++)
+                    wss64<0, 0, M::bf>(pa, desc_sw128(KQ + 4096 + (kg >> 2) * 8192 + (kg & 3) * 16, 16),
+                                       desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16), kg);
+                wg_commit();
+                wg_wait<0>();   /* U and P done */
                 /* P (rows t of this warp, all 64 columns s): masked, scaled, to shared memory */
                 const int t0 = wl * 16 + g, t1 = t0 + 8;
                 const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
@@ -267,51 +270,88 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 fence_async_smem();   /* for warpgroup 0's products */
                 mb_arrive(pready);    /* each thread's stores released (an mbarrier: racecheck sees it, bench/racecheck_handoff_model.cu) */
             } else {
-                mb_wait(pready, (uint32_t)(i & 1));   /* P of this chunk stored */
-                wg_fence();
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
-                wg_commit();
+                for (int a = 0; a < 8; a++) {
+                    const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+                    o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
+                    o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
+                }
                 wg_wait<0>();
             }
-        }
-        /* O rows of this chunk (warpgroup 0): transposed into the chunk's first q block (128-byte rows
-         * in the 128-byte swizzle; free: warpgroup 1's P, its last reader, completed before P's
-         * mbarrier), then 16 bytes a thread */
-        if (cg == 0) {
-            char *Os = stg + KStage::kq + 8192;
+            /* ---- O^T += U^T P^T (warpgroup 0); S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg ---- */
+            {
+                uint32_t ua[4][4], ud[4][NS][4];
+                if (!ST && cg == 0)
 #pragma unroll
-            for (int a = 0; a < 8; a += 2) {
-                const int tok = 8 * (a + (lm >> 1)) + lr;
-                stsm4t(Os + tok * 128 + (((2 * wl + (lm & 1)) ^ lr) << 4), M::pack(o[4 * a], o[4 * a + 1]), M::pack(o[4 * a + 2], o[4 * a + 3]),
-                       M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
+                    for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
+#pragma unroll
+                for (int a = 0; a < 8; a++) {
+                    const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
+                    u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+                }
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
+                const float dl = __expf(F[F_GC * CC + CC - 1]);
+#pragma unroll
+                for (int x = 0; x < 64; x++) st[x] *= dl;
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const uint64_t db = desc_sw128(KQ + cg * 16384 + kk * 16 * 64, 16384);
+                    wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
+                    if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
+                }
+                wg_commit();
+                if (!ST && cg != 1) {   /* warpgroup 0 */
+                    mb_wait(pready, (uint32_t)((i - i0) & 1));   /* P of this chunk stored */
+                    wg_fence();
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+                    wg_commit();
+                    wg_wait<0>();
+                }
             }
-            gdn::bar_named(2, 128);
-            for (int x = t7; x < c * 8; x += 128) {
-                const int r = x >> 3, c8 = (x & 7) * 8;
-                *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + c8) =
-                    *reinterpret_cast<const uint4 *>(Os + r * 128 + (((x & 7) ^ (r & 7)) << 4));
+            /* O rows of this chunk (warpgroup 0): transposed into the chunk's first q block (128-byte rows
+             * in the 128-byte swizzle; free: warpgroup 1's P, its last reader, completed before P's
+             * mbarrier), then 16 bytes a thread */
+            if (!ST && cg == 0) {
+                char *Os = stg + KStage::kq + 8192;
+#pragma unroll
+                for (int a = 0; a < 8; a += 2) {
+                    const int tok = 8 * (a + (lm >> 1)) + lr;
+                    stsm4t(Os + tok * 128 + (((2 * wl + (lm & 1)) ^ lr) << 4), M::pack(o[4 * a], o[4 * a + 1]), M::pack(o[4 * a + 2], o[4 * a + 3]),
+                           M::pack(o[4 * a + 4], o[4 * a + 5]), M::pack(o[4 * a + 6], o[4 * a + 7]));
+                }
+                fence_async_smem();   /* the staging's generic writes before the TMA refills the stage (here: not behind O's global stores) */
+                gdn::bar_named(2, 128);
+                for (int x = t7; x < c * 8; x += 128) {
+                    const int r = x >> 3, c8 = (x & 7) * 8;
+                    *reinterpret_cast<uint4 *>(static_cast<E *>(p.o) + ((row0 + r) * p.HV + j) * p.V + vcol0 + c8) =
+                        *reinterpret_cast<const uint4 *>(Os + r * 128 + (((x & 7) ^ (r & 7)) << 4));
+                }
             }
+            wg_wait<0>();
+            gdn::bar_named(2 + cg, 128);   /* this warpgroup is done with the stage (and its O rows) */
+            if (t7 == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
         }
-        wg_wait<0>();
-        gdn::bar_named(2 + cg, 128);   /* this warpgroup is done with the stage (and its O rows) */
-        if (t7 == 0 && (atomicAdd(cnt + sl, 1) & 1) && i + 2 < nch) fetch(i + 2);   /* the second one refills */
+        ib = ie;
     }
-    /* the final state: ht */
-    if (p.ht) {
+    /* the final state: ht (the sequence's last chunk walked, or the backward's window) */
+    if (float *dst = ST ? state_dst(p, false, 0, j, nch == nch_all || p.wn) : p.ht) {
 #pragma unroll
         for (int i = 0; i < 16; i++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                p.ht[state_at(p, sbase, p.V, k0 + 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * i + e];
+            for (int e = 0; e < 4; e++) dst[state_at(p, sbase, p.V, k0 + 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1))] = st[4 * i + e];
     }
 }
 
 }  // namespace
 
 template <typename E> cudaError_t StateTKPass<E>::attr() {
-    static bool done = false;
-    return smem_attr(chunk_state_tk_kernel<E>, KSmem::bytes, &done);
+    static bool done = false, done_st = false, done_ck = false;
+    cudaError_t e = smem_attr(chunk_state_tk_kernel<E, false, false>, KSmem::bytes, &done);
+    if (e == cudaSuccess) e = smem_attr(chunk_state_tk_kernel<E, true, false>, KSmem::bytes, &done_st);
+    return e != cudaSuccess ? e : smem_attr(chunk_state_tk_kernel<E, false, true>, KSmem::bytes, &done_ck);
 }
 template <typename E>
 cudaError_t StateTKPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
@@ -323,7 +363,9 @@ cudaError_t StateTKPass<E>::launch(const ChunkArgs &p, unsigned blocks, const ch
     lc.gridDim = dim3(blocks); lc.blockDim = dim3(TK); lc.stream = st;
     lc.dynamicSmemBytes = KSmem::bytes;
     lc.attrs = at; lc.numAttrs = 1;
-    return cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E>, p, ws, tm);
+    return p.smode  ? cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E, true, false>, p, ws, tm)
+           : p.ckpt ? cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E, false, true>, p, ws, tm)
+                    : cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E, false, false>, p, ws, tm);
 }
 template struct StateTKPass<__nv_bfloat16>;
 template struct StateTKPass<__half>;
