@@ -457,6 +457,94 @@ __device__ __forceinline__ void load_rows(E *dst, const E *src, int64_t ld, int 
     }
 }
 
+/* ---- the transposed walks' chunk step (kernels 2t, chunk_fwd_state_t.cu at
+ * K = 128, and 2tk, chunk_fwd_state_tk.cu at K = 256): a warpgroup holds 64
+ * rows of S^T, this thread's rows 16 wl + g and + 8 of them (wl: the warp in
+ * the warpgroup), and the chunk's record F (fp32 rows C apart) ---- */
+__device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+/* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of
+ * this warp's rows) by ldmatrix.trans from the warpgroup's 64 columns of v
+ * (Vb: 128-byte rows in the 128-byte swizzle); zero: none loaded (v = 0) */
+__device__ __forceinline__ void vt_frags(uint32_t vt[8][2], const char *Vb, int wl, int lane, bool zero = false) {
+    const int lm = lane >> 3, lr = lane & 7;
+#pragma unroll
+    for (int ip = 0; ip < 8; ip += 2) {
+        const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
+        uint32_t r[4] = {0u, 0u, 0u, 0u};
+        if (!zero) ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
+        vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
+    }
+}
+/* R^T = beta V^T - b X^T and U^T = R^T T^T's products issued (committed,
+ * not waited for) into u; x: X^T (32 values a thread), Ts: T blocked */
+template <typename M, typename E>
+__device__ __forceinline__ void u_issue(float u[32], const float *x, const uint32_t vt[8][2], const float *F, const E *Ts, int tq) {
+    float r[32];
+#pragma unroll
+    for (int a = 0; a < 8; a++) {
+        const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
+        const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
+        r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * x[4 * a];
+        r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * x[4 * a + 1];
+        r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * x[4 * a + 2];
+        r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * x[4 * a + 3];
+    }
+    uint32_t ra[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
+    wg_commit();
+}
+/* O^T = co (Q S)^T per token: qs, this thread's 32 values of (Q S)^T */
+__device__ __forceinline__ void o_scaled(float o[32], const float *qs, const float *F, int tq) {
+#pragma unroll
+    for (int a = 0; a < 8; a++) {
+        const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
+        o[4 * a] = co.x * qs[4 * a]; o[4 * a + 1] = co.y * qs[4 * a + 1];
+        o[4 * a + 2] = co.x * qs[4 * a + 2]; o[4 * a + 3] = co.y * qs[4 * a + 3];
+    }
+}
+/* P = Q K^T masked (s <= t) and scaled (scale rq_t rk_s exp(g_t - g_s)):
+ * pa, the thread's accumulators of rows t0 = 16 wl + g and t0 + 8 and NA
+ * n8 tiles of columns from s_first */
+template <int NA>
+__device__ __forceinline__ void p_masked(float pv[NA][4], const float *pa, const float *F, float scale, int t0, int s_first, int tq) {
+    const int t1 = t0 + 8;
+    const float pq0 = scale * F[F_RQ * CC + t0], pq1 = scale * F[F_RQ * CC + t1];
+    const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
+#pragma unroll
+    for (int a = 0; a < NA; a++) {
+        const int s0 = s_first + a * 8 + 2 * tq;
+        const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
+        const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
+        pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
+        pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
+        pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
+        pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
+    }
+}
+/* the state update's operands: u scaled by cu per token and split into the
+ * A fragments ud (hi + lo where the type splits), the state decayed by
+ * exp(gL) (st: 64 values a thread) */
+template <typename M, int NS>
+__device__ __forceinline__ void state_step_operands(uint32_t ud[4][NS][4], float u[32], float st[64], const float *F, int tq) {
+#pragma unroll
+    for (int a = 0; a < 8; a++) {
+        const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
+        u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
+    const float dl = __expf(F[F_GC * CC + CC - 1]);
+#pragma unroll
+    for (int x = 0; x < 64; x++) st[x] *= dl;
+}
+
 /* the tensor maps of q, k, v for the TMA (valid where ChunkArgs::tma is set) */
 struct TmaMaps { CUtensorMap q, k, v; };
 /* a tensor map for boxes of 64 rows x box columns of one head of a

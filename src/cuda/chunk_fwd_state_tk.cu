@@ -50,10 +50,6 @@ struct KSmem {
 static_assert(KSmem::bytes <= 227 * 1024, "the K = 256 transposed state kernel's shared memory fits an SM");
 static_assert(KStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
 
-__device__ __forceinline__ void stsm4t(void *p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(saddr(p)), "r"(r0), "r"(r1), "r"(r2),
-                 "r"(r3) : "memory");
-}
 /* a warpgroup's 32 fp32 values a thread to / from a 16 KB part (row q of 128 float4) */
 __device__ __forceinline__ void part_put(char *at, const float *x, int t) {
 #pragma unroll
@@ -136,7 +132,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
         if (i0 < nch) fetch(i0);
         if (i0 + 1 < nch) fetch(i0 + 1);
     }
-    const int lm = lane >> 3, lr = lane & 7;
+    const int lm = lane >> 3, lr = lane & 7;   /* this lane's 8 x 8 matrix and row in it: P's and O's stmatrix addresses */
     /* the chunks in runs between the backward's checkpoints (CK; else one run), each
      * checkpoint stored before its run, out of the chunk loop's code */
     for (int ib = i0; ib < nch;) {
@@ -208,36 +204,11 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 part_add(sm + KSmem::x0, xo, t7);
             }
             __syncthreads();   /* both parts read before either is written again */
-            /* V^T in the accumulator layout: 8 x 8 matrices (tokens 8 i.., columns of this warp's rows) by ldmatrix.trans */
             uint32_t vt[8][2];
-#pragma unroll
-            for (int ip = 0; ip < 8; ip += 2) {
-                const int tok = 8 * (ip + (lm >> 1)) + lr, ch = 2 * wl + (lm & 1);
-                uint32_t r[4];
-                ldsm4t(r, Vb + tok * 128 + ((ch ^ lr) << 4));
-                vt[ip][0] = r[0]; vt[ip][1] = r[1]; vt[ip + 1][0] = r[2]; vt[ip + 1][1] = r[3];
-            }
+            vt_frags(vt, Vb, wl, lane);
             /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
             float u[32];
-            {
-                float r[32];
-#pragma unroll
-                for (int a = 0; a < 8; a++) {
-                    const float2 bt = *reinterpret_cast<const float2 *>(F + F_BT * CC + 8 * a + 2 * tq);
-                    const float2 bb = *reinterpret_cast<const float2 *>(F + F_B * CC + 8 * a + 2 * tq);
-                    r[4 * a] = bt.x * M::lo(vt[a][0]) - bb.x * xo[4 * a];
-                    r[4 * a + 1] = bt.y * M::hi(vt[a][0]) - bb.y * xo[4 * a + 1];
-                    r[4 * a + 2] = bt.x * M::lo(vt[a][1]) - bb.x * xo[4 * a + 2];
-                    r[4 * a + 3] = bt.y * M::hi(vt[a][1]) - bb.y * xo[4 * a + 3];
-                }
-                uint32_t ra[4][4];
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) afrag<M>(ra[kk], r, kk);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(u, ra[kk], desc_blk(Ts + kk * 128), kk);
-                wg_commit();
-            }
+            u_issue<M>(u, xo, vt, F, Ts, tq);
             /* warpgroup 1: P = Q K^T behind U (its operands in shared memory); warpgroup 0: O^T = co Q S (per token) */
             float o[32], pa[32];
             if constexpr (ST) wg_wait<0>();
@@ -249,20 +220,8 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 wg_commit();
                 wg_wait<0>();   /* U and P done */
                 /* P (rows t of this warp, all 64 columns s): masked, scaled, to shared memory */
-                const int t0 = wl * 16 + g, t1 = t0 + 8;
-                const float pq0 = p.scale * F[F_RQ * CC + t0], pq1 = p.scale * F[F_RQ * CC + t1];
-                const float gl0 = F[F_GL * CC + t0], gl1 = F[F_GL * CC + t1];
                 float pv[8][4];
-#pragma unroll
-                for (int a = 0; a < 8; a++) {
-                    const int s0 = a * 8 + 2 * tq;
-                    const float2 rk = *reinterpret_cast<const float2 *>(F + F_RK * CC + s0);
-                    const float2 gs = *reinterpret_cast<const float2 *>(F + F_GL * CC + s0);
-                    pv[a][0] = s0 <= t0 ? pq0 * rk.x * ex2(gl0 - gs.x) * pa[4 * a] : 0.f;
-                    pv[a][1] = s0 + 1 <= t0 ? pq0 * rk.y * ex2(gl0 - gs.y) * pa[4 * a + 1] : 0.f;
-                    pv[a][2] = s0 <= t1 ? pq1 * rk.x * ex2(gl1 - gs.x) * pa[4 * a + 2] : 0.f;
-                    pv[a][3] = s0 + 1 <= t1 ? pq1 * rk.y * ex2(gl1 - gs.y) * pa[4 * a + 3] : 0.f;
-                }
+                p_masked<8>(pv, pa, F, p.scale, wl * 16 + g, 0, tq);
 #pragma unroll
                 for (int a = 0; a < 8; a += 2)
                     stsm4(Ps + blk64(wl * 16 + 8 * (lm & 1) + lr, 8 * (a + (lm >> 1))), M::pack(pv[a][0], pv[a][1]), M::pack(pv[a][2], pv[a][3]),
@@ -270,12 +229,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 fence_async_smem();   /* for warpgroup 0's products */
                 mb_arrive(pready);    /* each thread's stores released (an mbarrier: racecheck sees it, bench/racecheck_handoff_model.cu) */
             } else {
-#pragma unroll
-                for (int a = 0; a < 8; a++) {
-                    const float2 co = *reinterpret_cast<const float2 *>(F + F_CO * CC + 8 * a + 2 * tq);
-                    o[4 * a] = co.x * xo[32 + 4 * a]; o[4 * a + 1] = co.y * xo[33 + 4 * a];
-                    o[4 * a + 2] = co.x * xo[34 + 4 * a]; o[4 * a + 3] = co.y * xo[35 + 4 * a];
-                }
+                o_scaled(o, xo + 32, F, tq);
                 wg_wait<0>();
             }
             /* ---- O^T += U^T P^T (warpgroup 0); S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg ---- */
@@ -284,16 +238,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 if (!ST && cg == 0)
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) afrag<M>(ua[kk], u, kk);
-#pragma unroll
-                for (int a = 0; a < 8; a++) {
-                    const float2 cu = *reinterpret_cast<const float2 *>(F + F_CU * CC + 8 * a + 2 * tq);
-                    u[4 * a] *= cu.x; u[4 * a + 1] *= cu.y; u[4 * a + 2] *= cu.x; u[4 * a + 3] *= cu.y;
-                }
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) afrag_hilo<M>(ud[kk][0], ud[kk][NS - 1], u, kk);
-                const float dl = __expf(F[F_GC * CC + CC - 1]);
-#pragma unroll
-                for (int x = 0; x < 64; x++) st[x] *= dl;
+                state_step_operands<M, NS>(ud, u, st, F, tq);
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
