@@ -1,7 +1,8 @@
 /* What the CUDA chunk forward's files share (the overview is in chunk_fwd.cu):
  * the kernel arguments, the tensor-core, cp.async and TMA primitives, the
  * record the prep kernel leaves for the state kernels, where a walk's state
- * comes from and goes to, and the launchers each pass file defines. */
+ * comes from and goes to, the transposed walks' chunk step, and the
+ * launchers each pass file defines. */
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
