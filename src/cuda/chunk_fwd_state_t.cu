@@ -357,16 +357,10 @@ cudaError_t StateTPass<E>::launch(const ChunkArgs &p, unsigned blocks, const cha
      * pass 3): its launch and prologue overlap that kernel's tail, and it waits for that kernel
      * before it reads what it wrote. Pass 1 (the segments' maps: final states only) by the
      * instance without q, P or O */
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(blocks); lc.blockDim = dim3(TT); lc.stream = st;
-    lc.dynamicSmemBytes = p.smode || p.ckpt || p.pass == 1 ? TSmem::bytes_tl : TSmem::bytes;
-    lc.attrs = at; lc.numAttrs = 1;
-    return p.smode || p.pass == 1 ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, true, false>, p, ws, tm)
-           : p.ckpt               ? cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, true>, p, ws, tm)
-                                  : cudaLaunchKernelEx(&lc, chunk_state_t_kernel<E, false, false>, p, ws, tm);
+    auto *k = p.smode || p.pass == 1 ? chunk_state_t_kernel<E, true, false>
+              : p.ckpt               ? chunk_state_t_kernel<E, false, true>
+                                     : chunk_state_t_kernel<E, false, false>;
+    return launch_dependent(k, blocks, TT, p.smode || p.ckpt || p.pass == 1 ? TSmem::bytes_tl : TSmem::bytes, st, p, ws, tm);
 }
 template struct StateTPass<__nv_bfloat16>;
 template struct StateTPass<__half>;

@@ -300,17 +300,9 @@ template <typename E> cudaError_t StateTKPass<E>::attr() {
 }
 template <typename E>
 cudaError_t StateTKPass<E>::launch(const ChunkArgs &p, unsigned blocks, const char *ws, const TmaMaps &tm, cudaStream_t st) {
-    /* a programmatic dependent of the prep: its launch and prologue overlap the prep's tail */
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(blocks); lc.blockDim = dim3(TK); lc.stream = st;
-    lc.dynamicSmemBytes = KSmem::bytes;
-    lc.attrs = at; lc.numAttrs = 1;
-    return p.smode  ? cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E, true, false>, p, ws, tm)
-           : p.ckpt ? cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E, false, true>, p, ws, tm)
-                    : cudaLaunchKernelEx(&lc, chunk_state_tk_kernel<E, false, false>, p, ws, tm);
+    /* a programmatic dependent of the prep */
+    auto *k = p.smode ? chunk_state_tk_kernel<E, true, false> : p.ckpt ? chunk_state_tk_kernel<E, false, true> : chunk_state_tk_kernel<E, false, false>;
+    return launch_dependent(k, blocks, TK, KSmem::bytes, st, p, ws, tm);
 }
 template struct StateTKPass<__nv_bfloat16>;
 template struct StateTKPass<__half>;

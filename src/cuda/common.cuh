@@ -1,11 +1,12 @@
-/* Helpers shared by the CUDA kernels: the SM count and the sequence split's
- * rule (host), dtype loads and stores, the gate, block reductions, the
+/* Helpers shared by the CUDA kernels: the SM count, the sequence split's
+ * rule and a programmatic dependent launch (host), dtype loads and stores, the gate, block reductions, the
  * shared-memory primitives (ldmatrix, cp.async). */
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <utility>
 #include "common/common.h"
 
 namespace gdn {
@@ -19,6 +20,24 @@ inline int sm_count() {
             n = 132;
     }
     return n;
+}
+
+/* kernel k on stream st as a programmatic dependent of the stream's kernel
+ * before it: its launch and prologue overlap that kernel's tail (k waits for
+ * it with griddepcontrol.wait before reading what it wrote) */
+template <typename... P, typename... A>
+cudaError_t launch_dependent(void (*k)(P...), unsigned blocks, int threads, size_t smem, cudaStream_t st, A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(blocks);
+    lc.blockDim = dim3(threads);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = st;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, k, std::forward<A>(args)...);
 }
 
 /* chunks per segment of the sequence split (DESIGN §8) of a walk of `blocks`

@@ -530,22 +530,6 @@ __global__ void decode_kernel(DecodeArgs p, ConvIn cv) {
     }
 }
 
-/* a tile or warp kernel, as a programmatic dependent of the stream's previous kernel */
-cudaError_t launch_dep(void (*kern)(DecodeArgs, ConvIn, int), unsigned blocks, int threads, size_t smem,
-                       cudaStream_t st, const DecodeArgs &p, const ConvIn &cv, int ncb) {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(blocks);
-    lc.blockDim = dim3(threads);
-    lc.dynamicSmemBytes = smem;
-    lc.stream = st;
-    lc.attrs = at;
-    lc.numAttrs = 1;
-    return cudaLaunchKernelEx(&lc, kern, p, cv, ncb);
-}
-
 /* k-first with V % 4 == 0 and a 16-byte aligned pool: tiles when there are
  * enough to fill the card a few times over (1536: 4 waves of 3 blocks per
  * SM), else warps of 8 columns */
@@ -558,7 +542,7 @@ cudaError_t launch_vec(const DecodeArgs &p, const ConvIn &cv, const gdn_decode_c
         void (*kern)(DecodeArgs, ConvIn, int) = c->K <= 64 ? decode_tile_kernel<4, CONV>
                                               : c->K <= 128 ? decode_tile_kernel<8, CONV>
                                               : decode_tile_kernel<16, CONV>;
-        return launch_dep(kern, (unsigned)(rows * tcb), 256, smem, st, p, cv, tcb);
+        return gdn::launch_dependent(kern, (unsigned)(rows * tcb), 256, smem, st, p, cv, tcb);   /* a tile kernel */
     }
     const int wcb = (c->V + 31) / 32;
     const size_t smem = CONV ? sizeof(float) * (2 * (size_t)c->K + 32) : 0;
@@ -566,7 +550,7 @@ cudaError_t launch_vec(const DecodeArgs &p, const ConvIn &cv, const gdn_decode_c
                                           : c->K <= 64 ? decode_warp_kernel<4, CONV>
                                           : c->K <= 128 ? decode_warp_kernel<8, CONV>
                                           : decode_warp_kernel<16, CONV>;
-    return launch_dep(kern, (unsigned)(rows * wcb), 128, smem, st, p, cv, wcb);
+    return gdn::launch_dependent(kern, (unsigned)(rows * wcb), 128, smem, st, p, cv, wcb);   /* a warp kernel */
 }
 
 template <bool CONV>
