@@ -14,10 +14,14 @@ namespace {
  * 64 x 256 S^T beside its products' fragments (128 registers of state alone),
  * so warpgroup cg holds S^T's K columns [128 cg, 128 cg + 128) and forms its
  * part of the sums over K:
- *   [X | O]^T_cg = S^T_cg [K; Q]_cg^T      (S as hi + lo for bf16)
+ *   [X | O]^T_cg = S^T_cg [K; Q]_cg^T      (S as hi + lo for bf16; the lo
+ *                                           half from shared memory, below)
  * The two parts meet in shared memory (fp32, in the accumulator's order: a
  * float4 a thread a row of 128, no bank met twice), X^T = X0 + X1 in both
  * (the same bits: one addition of the same two values), O^T's in warpgroup 0.
+ * For bf16 the lo half of S^T is the A operand from shared memory (stored by
+ * stmatrix into the warpgroup's part before the part is), so only the hi
+ * fragments live in registers: with both there ptxas serialized every wgmma.
  * Then both form R^T = beta V^T - b X^T and U^T = R^T T^T (the same values in
  * both) and update their own columns, S^T_cg = exp(gL) S^T_cg + (cu U)^T K_cg
  * (U as hi + lo for bf16). Warpgroup 1 forms P = Q K^T (masked, scaled)
@@ -42,7 +46,7 @@ struct KStage {           /* one chunk's inputs; 1024-byte aligned pieces for th
 };
 struct KSmem {
     static constexpr int p = 2 * KStage::bytes;       /* P blocked, C x C (warpgroup 1 forms it, warpgroup 0 reads it) */
-    static constexpr int x0 = p + CC * CC * 2;        /* the parts: X^T of warpgroup 0, of warpgroup 1, O^T of warpgroup 1 */
+    static constexpr int x0 = p + CC * CC * 2;        /* the parts: X^T of warpgroup 0, of warpgroup 1, O^T of warpgroup 1 (x0, x1: before that, bf16's lo tiles) */
     static constexpr int x1 = x0 + 16384, o1 = x1 + 16384;
     static constexpr int mb = o1 + 16384;             /* mbarriers full[2], pready; then cnt[2] */
     static constexpr int bytes = mb + 3 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
@@ -175,19 +179,47 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
             /* ---- this warpgroup's part of [X | O]^T = S^T [K; Q]^T (ST: X^T = S^T K^T, the first 64 columns of the same B tile) ---- */
             float xo[ST ? 32 : 64];
             {
-                uint32_t sa[8][NS][4];
+                if constexpr (M::split && !ST) {
+                    static_assert(M::bf, "wss128 is the bf16 form");
+                    /* bf16: S^T's lo half as the A operand from shared memory (the warpgroup's part's
+                     * 16 KB, free until the part is stored: K-major, two 64-column blocks in the
+                     * 128-byte swizzle), so only the hi fragments live in registers */
+                    char *slo = sm + (cg ? KSmem::x1 : KSmem::x0);
+                    uint32_t sa[8][4];
 #pragma unroll
-                for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
-                wg_fence();
+                    for (int kk = 0; kk < 8; kk++) {
+                        uint32_t lo[4];
+                        afrag_hilo<M>(sa[kk], lo, st, kk);
+                        stsm4(slo + (kk >> 2) * 8192 + swz(wl * 16 + 8 * (lm & 1) + lr, (16 * kk + 8 * (lm >> 1)) & 63), lo[0], lo[1], lo[2], lo[3]);
+                    }
+                    fence_async_smem();
+                    gdn::bar_named(4 + cg, 128);   /* the warpgroup's lo half stored */
+                    wg_fence();
 #pragma unroll
-                for (int kk = 0; kk < 8; kk++) {
-                    const int kg = cg * 8 + kk;
-                    const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
-                    wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][0], db, kk);
-                    if (M::split) wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][1], db, 1);
+                    for (int kk = 0; kk < 8; kk++) {
+                        const int kg = cg * 8 + kk;
+                        const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
+                        wgt_rs<128, M::bf, 0>(xo, sa[kk], db, kk);
+                        wss128<0, 0>(xo, desc_sw128(reinterpret_cast<const E *>(slo) + (kk >> 2) * 4096 + (kk & 3) * 16, 16), db, 1);
+                    }
+                    wg_commit();
+                    wg_wait<0>();
+                    gdn::bar_named(4 + cg, 128);   /* every warp's products done reading the lo tile before part_put (each warp writes all rows) */
+                } else {
+                    uint32_t sa[8][NS][4];
+#pragma unroll
+                    for (int kk = 0; kk < 8; kk++) afrag_hilo<M>(sa[kk][0], sa[kk][NS - 1], st, kk);
+                    wg_fence();
+#pragma unroll
+                    for (int kk = 0; kk < 8; kk++) {
+                        const int kg = cg * 8 + kk;
+                        const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
+                        wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][0], db, kk);
+                        if (M::split) wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][1], db, 1);
+                    }
+                    wg_commit();
+                    wg_wait<0>();
                 }
-                wg_commit();
-                wg_wait<0>();
             }
             /* ---- the parts meet: X^T whole in both, O^T's in warpgroup 0 ---- */
             if (cg == 0) {
