@@ -32,9 +32,12 @@ namespace {
  * when done with the last chunk's P. Warpgroup 0 forms O^T = co O^T + U^T
  * P^T, staged through the chunk's first q block (its last reader, warpgroup
  * 1's P, is done before the mbarrier warpgroup 0 waits on) and stored. The
- * block's two meetings are __syncthreads (racecheck reports warpgroup 0's
- * stores of its part against warpgroup 1's loads across them, as it did
- * across named barriers; bench/NOTES.md v5.53). q, k and v come by the TMA
+ * parts meet on CTA mbarriers: each warpgroup's threads arrive when its part
+ * is stored (stored[cg]) and when they have read the other's (read[cg ^ 1]),
+ * and a warpgroup writes its part again only after the other has read it
+ * (racecheck reported warpgroup 0's stores against warpgroup 1's loads
+ * across __syncthreads and named barriers; it takes an mbarrier that every
+ * writer arrives at: bench/NOTES.md v5.55). q, k and v come by the TMA
  * in the 128-byte swizzle and the record by one bulk copy, two chunks
  * ahead. ---- */
 constexpr int TK = 256;   /* threads: two warpgroups */
@@ -48,8 +51,8 @@ struct KSmem {
     static constexpr int p = 2 * KStage::bytes;       /* P blocked, C x C (warpgroup 1 forms it, warpgroup 0 reads it) */
     static constexpr int x0 = p + CC * CC * 2;        /* the parts: X^T of warpgroup 0, of warpgroup 1, O^T of warpgroup 1 (x0, x1: before that, bf16's lo tiles) */
     static constexpr int x1 = x0 + 16384, o1 = x1 + 16384;
-    static constexpr int mb = o1 + 16384;             /* mbarriers full[2], pready; then cnt[2] */
-    static constexpr int bytes = mb + 3 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
+    static constexpr int mb = o1 + 16384;             /* mbarriers full[2], pready, stored[2], read[2]; then cnt[2] */
+    static constexpr int bytes = mb + 7 * 8 + 2 * 4 + 1024;   /* + the base's alignment */
 };
 static_assert(KSmem::bytes <= 227 * 1024, "the K = 256 transposed state kernel's shared memory fits an SM");
 static_assert(KStage::bytes % 1024 == 0, "stages keep the swizzle's alignment");
@@ -81,7 +84,9 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
     char *sm = smk_raw + ((1024 - (saddr(smk_raw) & 1023)) & 1023);
     uint64_t *full = reinterpret_cast<uint64_t *>(sm + KSmem::mb);
     uint64_t *pready = full + 2;   /* P stored (128 arrivals a chunk, warpgroup 1's threads) */
-    int *cnt = reinterpret_cast<int *>(sm + KSmem::mb + 24);
+    uint64_t *stored = full + 3;   /* [c]: warpgroup c's part stored (128 arrivals a chunk, its threads) */
+    uint64_t *read = full + 5;     /* [c]: warpgroup c's part read by the other (128 arrivals a chunk) */
+    int *cnt = reinterpret_cast<int *>(sm + KSmem::mb + 56);
     E *Ps = reinterpret_cast<E *>(sm + KSmem::p);
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), g = lane >> 2, tq = lane & 3;
     const int cg = w >> 2, wl = w & 3, t7 = tid & 127;   /* warpgroup (K half), warp in it (16 rows of S^T) */
@@ -126,7 +131,8 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
         for (int e = 0; e < 4; e++) st[4 * i + e] = state_in(p, false, 0, 0, j, sbase, k0 + 8 * i + 2 * tq + (e & 1), d0 + 8 * (e >> 1));
     if (tid == 0) {
         mb_init(full); mb_init(full + 1);
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(saddr(pready)) : "memory");
+#pragma unroll
+        for (int b = 0; b < 5; b++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(saddr(pready + b)) : "memory");
         cnt[0] = cnt[1] = 0;
     }
     __syncthreads();
@@ -186,6 +192,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                      * 128-byte swizzle), so only the hi fragments live in registers */
                     char *slo = sm + (cg ? KSmem::x1 : KSmem::x0);
                     uint32_t sa[8][4];
+                    if (i > i0) mb_wait(read + cg, (uint32_t)((i - i0 - 1) & 1));   /* the part read in the chunk before */
 #pragma unroll
                     for (int kk = 0; kk < 8; kk++) {
                         uint32_t lo[4];
@@ -222,20 +229,22 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 }
             }
             /* ---- the parts meet: X^T whole in both, O^T's in warpgroup 0 ---- */
+            if (!(M::split && !ST) && i > i0) mb_wait(read + cg, (uint32_t)((i - i0 - 1) & 1));   /* the part read in the chunk before */
             if (cg == 0) {
                 part_put(sm + KSmem::x0, xo, t7);
             } else {
                 part_put(sm + KSmem::x1, xo, t7);
                 if constexpr (!ST) part_put(sm + KSmem::o1, xo + 32, t7);
             }
-            __syncthreads();   /* the parts stored (the block is the two warpgroups) */
+            mb_arrive(stored + cg);
+            mb_wait(stored + (cg ^ 1), (uint32_t)((i - i0) & 1));
             if (cg == 0) {
                 part_add(sm + KSmem::x1, xo, t7);
                 if constexpr (!ST) part_add(sm + KSmem::o1, xo + 32, t7);
             } else {
                 part_add(sm + KSmem::x0, xo, t7);
             }
-            __syncthreads();   /* both parts read before either is written again */
+            mb_arrive(read + (cg ^ 1));
             uint32_t vt[8][2];
             vt_frags(vt, Vb, wl, lane);
             /* ---- R^T = beta V^T - b X^T; U^T = R^T T^T ---- */
