@@ -308,7 +308,9 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
  * bound margins with and without each rounding: bench/NOTES.md v4.7). f16
  * inputs the same in f16 (cfwd::f16_hilo: the computed operands as f16
  * hi + lo too, in power-of-two scales: S0, dS the block's a panel, X (U)
- * and dU their warpgroup's; pow2_for).
+ * and dU their warpgroup's; pow2_for), but S0 and dS one f16 operand in
+ * the sums too (11 bits in the panel's scale; bf16's 8 bits alone doubled
+ * the error at K = 256: bench/NOTES.md v5.56).
  * Each panel of 64 columns:
  *   X' = K S0 (warpgroup 0) and dU' = K dS (warpgroup 1) at once; then
  *   X = beta v - b X',  dU = (ek rk) dU' + P^T dO   (stored as hi + lo)
@@ -444,7 +446,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         }
         gdn::cp_commit();
         float sS0 = 1.f, sdS = 1.f;   /* f16: the panel's S0 and dS scales (powers of two; bf16: 1) */
-        {   /* S0 and dS rows of the panel as hi + lo; the sum of S0 dS */
+        {   /* S0 and dS rows of the panel as hi + lo (f16: hi); the sum of S0 dS */
             float4 a[8], b[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
@@ -472,8 +474,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     const int e = tid + u * NT, i = e >> 4, q = e & 15, at = swz(i, 4 * q);
-                    put_hilo4<WM>(vb + VS::S0h + at, vb + VS::S0l + at, make_float4(a[u].x * sS0, a[u].y * sS0, a[u].z * sS0, a[u].w * sS0));
-                    put_hilo4<WM>(vb + VS::dSh + at, vb + VS::dSl + at, make_float4(b[u].x * sdS, b[u].y * sdS, b[u].z * sdS, b[u].w * sdS));
+                    put_bf4<WM>(vb + VS::S0h + at, make_float4(a[u].x * sS0, a[u].y * sS0, a[u].z * sS0, a[u].w * sS0));
+                    put_bf4<WM>(vb + VS::dSh + at, make_float4(b[u].x * sdS, b[u].y * sdS, b[u].z * sdS, b[u].w * sdS));
                 }
             } else
 #pragma unroll
@@ -580,12 +582,12 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), sl = vdesc(vb + VS::S0l + cg * 8192 + kk * 32);
             const uint64_t dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32), dl = vdesc(vb + VS::dSl + cg * 8192 + kk * 32);
             wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dh, 1);
-            wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dl, 1);
+            if constexpr (!SC) wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dl, 1);
             wss64<0, 0, WM::bf>(&aKd[0][0][0], ul, dh, 1);
             wss64<0, 0, WM::bf>(&aXq[0][0][0], oh, sh, 1);
-            wss64<0, 0, WM::bf>(&aXq[0][0][0], oh, sl, 1);
+            if constexpr (!SC) wss64<0, 0, WM::bf>(&aXq[0][0][0], oh, sl, 1);
             wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sh, 1);
-            wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sl, 1);
+            if constexpr (!SC) wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sl, 1);
             wss64<0, 0, WM::bf>(&aWk[0][0][0], dul, sh, 1);
             const uint64_t ush = vdesc(vb + VS::Xh + cg * 4096 + kk * 32), usl = vdesc(vb + VS::Xl + cg * 4096 + kk * 32);
             const uint64_t vr = vdesc(vb + VS::Vr + cg * 4096 + kk * 32);
