@@ -52,7 +52,8 @@ template <int KH> struct Lay {
     /* q's raw rows (64 x KH 16-bit values) staged by cp.async during the V walk, past its arrays */
     static constexpr int Qstage = end1, end3 = Qstage + CC * KH / 2;
     static constexpr int end = end2 > end3 ? end2 : end3;
-    /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32], gt (GateTok's), ksv[4] (KS) */
+    /* then: gcd (CC doubles), gam, bet, ek, dgc, dbt, row, rpa[2][CC], rpb[2][CC], red[32], gt (GateTok's), ksv[4] (KS);
+     * the f16 K split's instance has 16 KB more past them (vside_wg's fourth prefetch slot: local_smem_pf) */
     static constexpr int floats = end + 2 * CC + 6 * CC + 4 * CC + 32 + GT_FLOATS + 4;
     static_assert(CC * (CC + 1) * 2 <= 2 * CC * LK, "gate_store's prefix sums fit in Q and dWk");
 };
@@ -402,11 +403,28 @@ template <typename WM, bool KS, typename AccT>
 __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, int j, int h, const float *rec, const float *S0g,
                                          const float *dSg, const float *gam, const float *bet, const float *ek, float *dbt, char *vb,
                                          AccT &aKd, AccT &aXq, AccT &aWk, float (&aP)[4][4], float (&aTm)[4][4], float &tot, int kh,
-                                         float *kx) {
+                                         float *kx, char *tail) {
     const int tid = threadIdx.x, lane = tid & 31, w = __shfl_sync(0xffffffffu, tid >> 5, 0), cg = w >> 2, wl = w & 3;
     const int g = lane >> 2, tq = lane & 3, V = p.V;
     float *xs = reinterpret_cast<float *>(vb + VS::sc), *us = xs + CC, *rks = us + CC, *red = reinterpret_cast<float *>(vb + VS::red);
     constexpr bool SC = !WM::bf;   /* f16: the computed operands in power-of-two scales (pow2_for) */
+    /* PF (f16, K = 256): each panel's fp32 S0 and dS rows by cp.async one panel ahead, into four
+     * 16 KB slots of 64 rows (S0l and dSl, which f16 leaves free; past the exchange's kx; the
+     * tail past the block's arrays): each thread fetches the 16 bytes it reads later, so its
+     * own wait_group orders them. Else the rows are loaded where used, on the chain */
+    constexpr bool PF = SC && KS;
+    char *const slot[4] = {vb + VS::S0l, vb + VS::dSl, reinterpret_cast<char *>(kx) + 32 * NT * 4, tail};
+    auto prefetch = [&](int v0) {   /* panel v0's rows into the slots, as one group (empty past the last panel) */
+        if (v0 < V)
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = tid + u * NT, i = e >> 4, q = e & 15, at = (e & 1023) * 16;
+                gdn::cp16(slot[u >> 2] + at, S0g + (int64_t)i * V + v0 + 4 * q, true);
+                gdn::cp16(slot[2 + (u >> 2)] + at, dSg + (int64_t)i * V + v0 + 4 * q, true);
+            }
+        gdn::cp_commit();
+    };
+    if constexpr (PF) prefetch(0);
     /* k rows raw by cp.async (rows past c zero), Tm and P as bf16, the row scales */
     for (int e = tid; e < CC * 16; e += NT) {
         const int r = e >> 4, c16 = e & 15;
@@ -448,12 +466,22 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
         float sS0 = 1.f, sdS = 1.f;   /* f16: the panel's S0 and dS scales (powers of two; bf16: 1) */
         {   /* S0 and dS rows of the panel as hi + lo (f16: hi); the sum of S0 dS */
             float4 a[8], b[8];
+            if constexpr (PF) {
+                asm volatile("cp.async.wait_group 1;" ::: "memory");   /* all but v and dO's: this panel's rows */
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int e = tid + u * NT, i = e >> 4, q = e & 15;
-                a[u] = *reinterpret_cast<const float4 *>(S0g + (int64_t)i * V + v0 + 4 * q);
-                b[u] = *reinterpret_cast<const float4 *>(dSg + (int64_t)i * V + v0 + 4 * q);
-            }
+                for (int u = 0; u < 8; u++) {
+                    const int at = ((tid + u * NT) & 1023) * 16;
+                    a[u] = *reinterpret_cast<const float4 *>(slot[u >> 2] + at);
+                    b[u] = *reinterpret_cast<const float4 *>(slot[2 + (u >> 2)] + at);
+                }
+                prefetch(v0 + WVP);   /* into the 16 bytes this thread has just read */
+            } else
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int e = tid + u * NT, i = e >> 4, q = e & 15;
+                    a[u] = *reinterpret_cast<const float4 *>(S0g + (int64_t)i * V + v0 + 4 * q);
+                    b[u] = *reinterpret_cast<const float4 *>(dSg + (int64_t)i * V + v0 + 4 * q);
+                }
             if constexpr (SC) {   /* the block's largest |S0|, |dS| of the panel first */
                 float ma = 0.f, mb = 0.f;
 #pragma unroll
@@ -486,7 +514,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                     put_hilo4<WM>(vb + VS::dSh + at, vb + VS::dSl + at, b[u]);
                 }
         }
-        gdn::cp_wait_all();
+        if constexpr (PF) asm volatile("cp.async.wait_group 1;" ::: "memory");   /* v and dO's (the next panel's rows in flight) */
+        else gdn::cp_wait_all();
         cfwd::fence_async_smem();
         __syncthreads();
         float x[32];
@@ -827,8 +856,10 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
         static_assert(!KS || VS::bytes + 2048 + 32 * NT * 4 <= L::end * 4, "the K split's exchange after vside_wg's operands");
         char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
+        static_assert(VS::bytes + 1023 + 32 * NT * 4 + 16384 <= L::end * 4, "vside_wg's third prefetch slot before the block's arrays");
         vside_wg<WM, KS>(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot, kh,
-                     reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024));   /* KS: no q staging */
+                         reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024),   /* KS: no q staging */
+                         reinterpret_cast<char *>(sm + L::floats));                          /* f16 KS: its fourth slot */
         BP(1);
         /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
          * still in shared memory (Tm and P as the walk's bf16), read whole
@@ -1119,6 +1150,9 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
 }
 
 template <int KH> constexpr int local_smem() { return Lay<KH>::floats * (int)sizeof(float); }
+/* the f16 K split's: vside_wg's fourth prefetch slot past the arrays */
+constexpr int local_smem_pf() { return local_smem<128>() + 16384; }
+static_assert(local_smem_pf() <= 227 * 1024 && local_smem<128>() % 16 == 0, "the f16 K split's prefetch slot fits");
 
 }  // namespace
 
@@ -1144,7 +1178,7 @@ template <bool SPLIT> cudaError_t LocalPass<SPLIT>::attr(int K, int G) {
     cudaError_t e = ks ? smem_attr(local_kernel<SPLIT, 128, 0, true>, local_smem<128>()) : smem_attr(local_kernel<SPLIT, 128, 0>, local_smem<128>());
     if constexpr (!SPLIT)
         for (int wg = 1; wg <= 2 && e == cudaSuccess; wg++) {
-            if (ks) e = smem_attr(wg == 1 ? local_kernel<SPLIT, 128, 1, true> : local_kernel<SPLIT, 128, 2, true>, local_smem<128>());
+            if (ks) e = wg == 1 ? smem_attr(local_kernel<SPLIT, 128, 1, true>, local_smem<128>()) : smem_attr(local_kernel<SPLIT, 128, 2, true>, local_smem_pf());
             else e = smem_attr(wg == 1 ? local_kernel<SPLIT, 128, 1> : local_kernel<SPLIT, 128, 2>, local_smem<128>());
         }
     return e;
@@ -1175,7 +1209,7 @@ template <bool SPLIT> void LocalPass<SPLIT>::launch(const BwdArgs &p, const Grp 
         const int wg = wg_of(p, SPLIT, 256);
         if constexpr (!SPLIT) {
             if (wg == 1) return launch_items(local_kernel<SPLIT, 128, 1, true>, p, G, items, sm, st, true);
-            if (wg == 2) return launch_items(local_kernel<SPLIT, 128, 2, true>, p, G, items, sm, st, true);
+            if (wg == 2) return launch_items(local_kernel<SPLIT, 128, 2, true>, p, G, items, local_smem_pf(), st, true);
         }
         launch_items(local_kernel<SPLIT, 128, 0, true>, p, G, items, sm, st, true);
     } else if (k8(p.K) <= 64) {
