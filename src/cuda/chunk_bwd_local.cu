@@ -474,6 +474,7 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
                     a[u] = *reinterpret_cast<const float4 *>(slot[u >> 2] + at);
                     b[u] = *reinterpret_cast<const float4 *>(slot[2 + (u >> 2)] + at);
                 }
+                asm volatile("" ::: "memory");   /* the reads above before the copies below (cp16 has no memory clobber) */
                 prefetch(v0 + WVP);   /* into the 16 bytes this thread has just read */
             } else
 #pragma unroll
@@ -856,7 +857,8 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
         static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
         static_assert(!KS || VS::bytes + 2048 + 32 * NT * 4 <= L::end * 4, "the K split's exchange after vside_wg's operands");
         char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
-        static_assert(VS::bytes + 1023 + 32 * NT * 4 + 16384 <= L::end * 4, "vside_wg's third prefetch slot before the block's arrays");
+        static_assert((VS::bytes + 1023) / 1024 * 1024 + 1023 + 32 * NT * 4 + 16384 <= L::end * 4,
+                      "vside_wg's third prefetch slot (past kx, vb up to 1023 bytes past sm) before the block's arrays");
         vside_wg<WM, KS>(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot, kh,
                          reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024),   /* KS: no q staging */
                          reinterpret_cast<char *>(sm + L::floats));                          /* f16 KS: its fourth slot */
