@@ -80,6 +80,7 @@ template <typename E, bool ST, bool CK>
 __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, const char *ws, const __grid_constant__ TmaMaps tm) {
     using M = mma_traits<E>;
     constexpr int NS = M::split ? 2 : 1;
+    constexpr bool LO = M::split && !ST;   /* bf16's lo half of S^T in the warpgroup's part before the part (X and O's products) */
     extern __shared__ __align__(1024) char smk_raw[];
     char *sm = smk_raw + ((1024 - (saddr(smk_raw) & 1023)) & 1023);
     uint64_t *full = reinterpret_cast<uint64_t *>(sm + KSmem::mb);
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
             /* ---- this warpgroup's part of [X | O]^T = S^T [K; Q]^T (ST: X^T = S^T K^T, the first 64 columns of the same B tile) ---- */
             float xo[ST ? 32 : 64];
             {
-                if constexpr (M::split && !ST) {
+                if constexpr (LO) {
                     static_assert(M::bf, "wss128 is the bf16 form");
                     /* bf16: S^T's lo half as the A operand from shared memory (the warpgroup's part's
                      * 16 KB, free until the part is stored: K-major, two 64-column blocks in the
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 }
             }
             /* ---- the parts meet: X^T whole in both, O^T's in warpgroup 0 ---- */
-            if (!(M::split && !ST) && i > i0) mb_wait(read + cg, (uint32_t)((i - i0 - 1) & 1));   /* the part read in the chunk before */
+            if (!LO && i > i0) mb_wait(read + cg, (uint32_t)((i - i0 - 1) & 1));   /* the part read in the chunk before */
             if (cg == 0) {
                 part_put(sm + KSmem::x0, xo, t7);
             } else {
