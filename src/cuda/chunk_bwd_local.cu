@@ -249,21 +249,23 @@ template <bool SPLIT> __device__ __forceinline__ void round_tile(float *X, int n
         for (int e = threadIdx.x; e < n; e += NT) X[e] = gdn::tf32r(X[e]);
 }
 
-/* the chunk's q rows raw into a staging area by cp.async at the start
- * (16-byte pieces, rows past c zero-filled), then into Qs at the K side:
+/* the chunk's q rows (the block's columns) raw into a staging area by
+ * cp.async during the V walk (f16 with the K split: after it), 16-byte
+ * pieces, rows past c zero-filled, then into Qs at the K side:
  * times the saved rstd, rounded to tf32 without SPLIT, zero past K. For
  * bf16 / f16 with 16-byte rows (q_stage_ok); else load_qk there. */
 template <bool SPLIT, int KH> struct QFetch {
     static constexpr int PR = KH / 8, NP = CC * PR / NT;   /* pieces per row (at KH), per thread */
     float rs = 1.f;                                       /* thread t < CC: token t's rstd */
-    __device__ __forceinline__ void issue(const BwdArgs &p, int64_t row0, int c, int h, uint16_t *stage) {
-        const int pr = p.K / 8;
+    /* columns [ko, ko + kb) of the rows (kb < 0: all of K) */
+    __device__ __forceinline__ void issue(const BwdArgs &p, int64_t row0, int c, int h, uint16_t *stage, int ko = 0, int kb = -1) {
+        const int pr = (kb < 0 ? p.K : kb) / 8;
 #pragma unroll
         for (int u = 0; u < NP; u++) {
             const int e = threadIdx.x + u * NT, t = e / PR, q = e % PR;
             if (q < pr) {
                 const bool in = t < c;
-                const uint16_t *src = static_cast<const uint16_t *>(p.q) + ((row0 + (in ? t : 0)) * p.H + h) * (int64_t)p.K + 8 * q;
+                const uint16_t *src = static_cast<const uint16_t *>(p.q) + ((row0 + (in ? t : 0)) * p.H + h) * (int64_t)p.K + ko + 8 * q;
                 gdn::cp16(stage + t * KH + 8 * q, src, in);
             }
         }
@@ -271,10 +273,10 @@ template <bool SPLIT, int KH> struct QFetch {
         if ((p.flags & GDN_QK_L2NORM) && threadIdx.x < c) rs = p.rstd_q[(row0 + threadIdx.x) * p.H + h];
     }
     /* after cp_wait_all and a barrier; ends with a barrier */
-    __device__ __forceinline__ void commit(const BwdArgs &p, const uint16_t *stage, float *Qs, int ld, float *rsq) const {
+    __device__ __forceinline__ void commit(const BwdArgs &p, const uint16_t *stage, float *Qs, int ld, float *rsq, int kb = -1) const {
         if (threadIdx.x < CC) rsq[threadIdx.x] = rs;
         __syncthreads();
-        const int pr = p.K / 8;
+        const int pr = (kb < 0 ? p.K : kb) / 8;
 #pragma unroll
         for (int u = 0; u < NP; u++) {
             const int e = threadIdx.x + u * NT, t = e / PR, q = e % PR;
@@ -805,21 +807,24 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     float *gam = reinterpret_cast<float *>(gcd + CC), *bet = gam + CC, *ek = bet + CC, *dgc = ek + CC, *dbt = dgc + CC,
           *row = dbt + CC, *rpa = row + CC, *rpb = rpa + 2 * CC, *red = rpb + 2 * CC, *gt = red + 32;
     const float *S0 = state_at(p, n, slot, ci, j) + (int64_t)ko * V, *dS = dstate_at(p, n, slot, ci, j) + (int64_t)ko * V;
-    float *ksv = gt + GT_FLOATS, *kx = sm + L::Qstage;   /* KS: S0 . dS; the panels' partials (q is not staged) */
+    float *ksv = gt + GT_FLOATS, *kx = sm + L::Qstage;   /* KS: S0 . dS; the non-wgmma walk's panel partials (q not staged there) */
     BP_DECL;
 
     /* the chunk's k rows, Tm, P^T, the per-token scalars (all in flight
      * together), and the first panel's rows */
-    const bool fetch = !WG && panel_fetch_ok(p), qstage = !KS && q_stage_ok(p);
+    /* q staged: without the K split past the walk's arrays (Qstage); with it (the walk on wgmma) in the
+     * 16 KB past vside_wg's exchange (f16: after the walk, whose third prefetch slot it is) */
+    const bool fetch = !WG && panel_fetch_ok(p), qstage = (!KS || WG) && q_stage_ok(p);
     PanelFetch<SPLIT, KH> pf;
     QFetch<SPLIT, KH> qf;
-    uint16_t *stage = reinterpret_cast<uint16_t *>(sm + L::Qstage);
+    char *const vb0 = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);   /* vside_wg's base */
+    uint16_t *stage = reinterpret_cast<uint16_t *>(KS ? vb0 + (VS::bytes + 1023) / 1024 * 1024 + 32 * NT * 4 : reinterpret_cast<char *>(sm + L::Qstage));
     GateTok gk;   /* gate_store's inputs, fetched with the record's */
     if (WG) {   /* the k rows, Tm and P come in vside_wg, and again for the K side after it */
         RecTok r;
         r.issue(rec);
         gk.issue(p, rec, row0, c, j);
-        if (qstage) qf.issue(p, row0, c, h, stage);   /* in flight through the whole V walk */
+        if (qstage && !(KS && WG == 2)) qf.issue(p, row0, c, h, stage, ko, K);   /* in flight through the whole V walk (f16 KS: after it) */
         r.commit(gcd, gam, bet);
         gk.commit(gt);
     } else {
@@ -856,12 +861,13 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     if constexpr (WG) {
         static_assert(KH == 128 && VS::bytes + 1024 <= L::Qstage * 4, "vside_wg's operands end before q's staging area");
         static_assert(!KS || VS::bytes + 2048 + 32 * NT * 4 <= L::end * 4, "the K split's exchange after vside_wg's operands");
-        char *vb = reinterpret_cast<char *>(sm) + ((1024 - (saddr(sm) & 1023)) & 1023);
+        char *vb = vb0;
         static_assert((VS::bytes + 1023) / 1024 * 1024 + 1023 + 32 * NT * 4 + 16384 <= L::end * 4,
                       "vside_wg's third prefetch slot (past kx, vb up to 1023 bytes past sm) before the block's arrays");
         vside_wg<WM, KS>(p, row0, c, j, h, rec, S0, dS, gam, bet, ek, dbt, vb, aKd, aXq, aWk, aP, aTm, tot, kh,
-                         reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024),   /* KS: no q staging */
+                         reinterpret_cast<float *>(vb + (VS::bytes + 1023) / 1024 * 1024),   /* KS: the panels' partials */
                          reinterpret_cast<char *>(sm + L::floats));                          /* f16 KS: its fourth slot */
+        if (KS && WG == 2 && qstage) qf.issue(p, row0, c, h, stage, ko, K);   /* f16 KS: q where its third prefetch slot was */
         BP(1);
         /* the K side's k rows (times rk), Tm and P^T in fp32 from the operands
          * still in shared memory (Tm and P as the walk's bf16), read whole
@@ -991,7 +997,7 @@ __global__ void __launch_bounds__(NT, 1) local_kernel(BwdArgs p, Grp G) {
     /* ---- the K side ---- */
     if (qstage) {
         gdn::cp_wait_all();
-        qf.commit(p, stage, Qs, LK, row);   /* row: free until gate_store */
+        qf.commit(p, stage, Qs, LK, row, K);   /* row: free until gate_store */
     } else {
         load_qk(p, p.q, p.rstd_q, row0, c, h, Qs, LK, ko, K);
     }
