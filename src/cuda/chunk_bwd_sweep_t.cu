@@ -109,16 +109,20 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         char *stg = sm + sl * RStage::bytes;
         const int64_t row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
-        const __nv_bfloat16 *qk[2] = {static_cast<const __nv_bfloat16 *>(p.k), static_cast<const __nv_bfloat16 *>(p.q)};
-        const __nv_bfloat16 *dO = static_cast<const __nv_bfloat16 *>(p.dout);
+        /* piece e = tid + u TT: matrix u / 4 (k, q, dO), row 16 (u % 4) + tid / 16, 16 bytes c16 = tid % 16
+         * (the matrices and rows compile-time apart: no pointer table, little to keep across chunks) */
+        static_assert(CC * 16 == 4 * TT, "four of a thread's pieces a matrix");
+        const int c16 = tid & 15, rt = tid >> 4;
+        const __nv_bfloat16 *src3[3] = {static_cast<const __nv_bfloat16 *>(p.k) + (row0 * p.H + h) * (int64_t)K + ko + c16 * 8,
+                                        static_cast<const __nv_bfloat16 *>(p.q) + (row0 * p.H + h) * (int64_t)K + ko + c16 * 8,
+                                        static_cast<const __nv_bfloat16 *>(p.dout) + (row0 * p.HV + j) * (int64_t)V + vcol0 + c16 * 8};
+        const int64_t rs3[3] = {(int64_t)p.H * K, (int64_t)p.H * K, (int64_t)p.HV * V};
 #pragma unroll
         for (int u = 0; u < 3 * CC * 16 / TT; u++) {
-            const int e = tid + u * TT, m = e / (CC * 16), r = (e / 16) % CC, c16 = e % 16, half = c16 >> 3, ch = c16 & 7;
-            char *dst = stg + m * 16384 + half * 8192 + r * 128 + ((ch ^ (r & 7)) << 4);
+            const int m = u >> 2, r = 16 * (u & 3) + rt;
+            char *dst = stg + m * 16384 + (c16 >> 3) * 8192 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
             const bool in = r < c;
-            const int64_t row = row0 + (in ? r : 0);
-            const __nv_bfloat16 *src = m < 2 ? qk[m] + (row * p.H + h) * (int64_t)K + ko + c16 * 8
-                                             : dO + (row * p.HV + j) * (int64_t)V + vcol0 + c16 * 8;
+            const __nv_bfloat16 *src = src3[m] + (in ? r : 0) * rs3[m];
             gdn::cp16(dst, src, in);
         }
         const float *rec = rec_at(p, n, sb + ci, ci, j);
