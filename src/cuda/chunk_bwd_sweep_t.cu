@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         char *stg = sm + sl * RStage::bytes;
         const int64_t row0 = bos + ci * CC;
         const int c = len - ci * CC < CC ? (int)(len - ci * CC) : CC;
-        /* piece e = tid + u TT: matrix u / 4 (k, q, dO), row 16 (u % 4) + tid / 16, 16 bytes c16 = tid % 16
+        /* piece e = tid + u TT is matrix u / 4 (k, q, dO), row 16 (u % 4) + tid / 16, 16 bytes c16 = tid % 16
          * (the matrices and rows compile-time apart: no pointer table, little to keep across chunks) */
         static_assert(CC * 16 == 4 * TT, "four of a thread's pieces a matrix");
         const int c16 = tid & 15, rt = tid >> 4;
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
         const int64_t rs3[3] = {(int64_t)p.H * K, (int64_t)p.H * K, (int64_t)p.HV * V};
 #pragma unroll
         for (int u = 0; u < 3 * CC * 16 / TT; u++) {
-            const int m = u >> 2, r = 16 * (u & 3) + rt;
+            const int m = u >> 2, r = TT / 16 * (u & 3) + rt;
             char *dst = stg + m * 16384 + (c16 >> 3) * 8192 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
             const bool in = r < c;
             const __nv_bfloat16 *src = src3[m] + (in ? r : 0) * rs3[m];
