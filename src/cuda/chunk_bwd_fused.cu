@@ -74,6 +74,7 @@ using cfwd::desc_sw128;
 using cfwd::stsm4;
 using cfwd::swz;
 using cfwd::vdesc;
+using cfwd::desc_off;
 using cfwd::wgt_rs;
 using cfwd::wss128;
 using cfwd::wss64;
@@ -767,10 +768,10 @@ __device__ __forceinline__ void stage_dstate(const BwdArgs &p, char *sm, const W
 
 /* descriptors of a 64-row tile: A / B K-major at k step kk (16 columns);
  * B MN-major (rows along k, 128 columns) */
-__device__ __forceinline__ uint64_t dk64(const char *t, int kk) { return vdesc(t + (kk >> 2) * 8192 + (kk & 3) * 32); }
-__device__ __forceinline__ uint64_t dk128(const char *t, int kk) { return vdesc(t + (kk >> 2) * 16384 + (kk & 3) * 32); }   /* 128-row (S) tiles */
-__device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_sw128(t + kk * 2048, 8192); }
-__device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_sw128(t + kk * 2048, 16384); }   /* S tiles, k rows */
+__device__ __forceinline__ uint64_t dk64(const char *t, int kk) { return desc_off(vdesc(t), (kk >> 2) * 8192 + (kk & 3) * 32); }
+__device__ __forceinline__ uint64_t dk128(const char *t, int kk) { return desc_off(vdesc(t), (kk >> 2) * 16384 + (kk & 3) * 32); }   /* 128-row (S) tiles */
+__device__ __forceinline__ uint64_t dmn(const char *t, int kk) { return desc_off(desc_sw128(t, 8192), kk * 2048); }
+__device__ __forceinline__ uint64_t dmn_s(const char *t, int kk) { return desc_off(desc_sw128(t, 16384), kk * 2048); }   /* S tiles, k rows */
 
 /* S: the state gradient */
 template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, const FusedMaps &fm, char *sm, const Walk &w) {
@@ -909,11 +910,11 @@ template <bool TL> __device__ __forceinline__ void role_s(const BwdArgs &p, cons
                 cfwd::wg_fence();
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    const uint64_t aq = vdesc(sm + FS::QR + mt * 8192 + kk * 2048), ak = vdesc(sm + FS::KR + mt * 8192 + kk * 2048);
+                    const uint64_t aq = desc_off(vdesc(sm + FS::QR), mt * 8192 + kk * 2048), ak = desc_off(vdesc(sm + FS::KR), mt * 8192 + kk * 2048);
                     wss128<1, 1>(d[mt], aq, desc_sw128(slab, 2048), 1);
-                    wss128<1, 1>(d[mt], aq, desc_sw128(slab + 4096, 2048), 1);
-                    wss128<1, 1>(d[mt], ak, desc_sw128(slab + 8192, 2048), 1);
-                    wss128<1, 1>(d[mt], ak, desc_sw128(slab + 12288, 2048), 1);
+                    wss128<1, 1>(d[mt], aq, desc_off(desc_sw128(slab, 2048), 4096), 1);
+                    wss128<1, 1>(d[mt], ak, desc_off(desc_sw128(slab, 2048), 8192), 1);
+                    wss128<1, 1>(d[mt], ak, desc_off(desc_sw128(slab, 2048), 12288), 1);
                 }
                 cfwd::wg_commit();
                 cfwd::wg_wait<0>();
@@ -1006,7 +1007,7 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             row_mul<64>(z, Sc(sm).us[r0], Sc(sm).us[r1]);
             cfwd::wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wss128<1, 1>(z, vdesc((sm + FS::PH) + kk * 2048), dmn((sm + FS::OR), kk), 1);
+            for (int kk = 0; kk < 4; kk++) wss128<1, 1>(z, desc_off(vdesc(sm + FS::PH), kk * 2048), dmn((sm + FS::OR), kk), 1);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
             st_tile(z, (sm + FS::D), (sm + FS::D) + 16384);
@@ -1037,8 +1038,8 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss128<1, 1>(y, vdesc((sm + FS::TH) + kk * 2048), dmn((sm + FS::D), kk), kk);
-                wss128<1, 1>(y, vdesc((sm + FS::TH) + kk * 2048), dmn((sm + FS::D) + 16384, kk), 1);
+                wss128<1, 1>(y, desc_off(vdesc(sm + FS::TH), kk * 2048), dmn((sm + FS::D), kk), kk);
+                wss128<1, 1>(y, desc_off(vdesc(sm + FS::TH), kk * 2048), dmn((sm + FS::D) + 16384, kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -1130,8 +1131,8 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wgt_rs<64, true, 0>(tm, ah[kk], vdesc((sm + FS::TH) + kk * 32), kk);
-                wgt_rs<64, true, 0>(tm, al[kk], vdesc((sm + FS::TH) + kk * 32), 1);
+                wgt_rs<64, true, 0>(tm, ah[kk], desc_off(vdesc(sm + FS::TH), kk * 32), kk);
+                wgt_rs<64, true, 0>(tm, al[kk], desc_off(vdesc(sm + FS::TH), kk * 32), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -1142,8 +1143,8 @@ template <bool TL> __device__ __forceinline__ void role_v(const BwdArgs &p, cons
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss64<1, 1>(da, vdesc((sm + FS::TH) + kk * 2048), vdesc((sm + FS::A) + kk * 2048), kk);
-                wss64<1, 1>(da, vdesc((sm + FS::TH) + kk * 2048), vdesc((sm + FS::A) + 8192 + kk * 2048), 1);
+                wss64<1, 1>(da, desc_off(vdesc(sm + FS::TH), kk * 2048), desc_off(vdesc(sm + FS::A), kk * 2048), kk);
+                wss64<1, 1>(da, desc_off(vdesc(sm + FS::TH), kk * 2048), desc_off(vdesc(sm + FS::A), 8192 + kk * 2048), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -1254,7 +1255,7 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss128<0, 1>(x, vdesc((sm + FS::TH) + kk * 32), dmn((sm + FS::C), kk), kk);
+                wss128<0, 1>(x, desc_off(vdesc(sm + FS::TH), kk * 32), dmn((sm + FS::C), kk), kk);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -1326,8 +1327,8 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss128<1, 1>(dkc, vdesc((sm + FS::C) + 16384 + kk * 2048), dmn((sm + FS::QR), kk), 1);
-                wss128<1, 1>(dkc, vdesc((sm + FS::C) + 24576 + kk * 2048), dmn((sm + FS::QR), kk), 1);
+                wss128<1, 1>(dkc, desc_off(vdesc(sm + FS::C), 16384 + kk * 2048), dmn((sm + FS::QR), kk), 1);
+                wss128<1, 1>(dkc, desc_off(vdesc(sm + FS::C), 24576 + kk * 2048), dmn((sm + FS::QR), kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -1335,8 +1336,8 @@ template <bool TL> __device__ __forceinline__ void role_t(const BwdArgs &p, cons
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss128<0, 1>(dkc, vdesc((sm + FS::A) + 16384 + kk * 32), dmn((sm + FS::KR), kk), 1);
-                wss128<0, 1>(dkc, vdesc((sm + FS::A) + 24576 + kk * 32), dmn((sm + FS::KR), kk), 1);
+                wss128<0, 1>(dkc, desc_off(vdesc(sm + FS::A), 16384 + kk * 32), dmn((sm + FS::KR), kk), 1);
+                wss128<0, 1>(dkc, desc_off(vdesc(sm + FS::A), 24576 + kk * 32), dmn((sm + FS::KR), kk), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();

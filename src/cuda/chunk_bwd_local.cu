@@ -328,6 +328,7 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
 using cfwd::stsm4;
 using cfwd::swz;
 using cfwd::vdesc;
+using cfwd::desc_off;
 using cfwd::wss32;
 using cfwd::wss64;
 constexpr int WVP = 64;   /* panel columns */
@@ -351,10 +352,11 @@ template <typename WM> __device__ __forceinline__ void store_hilo(const float *x
 /* x = K B for a panel B (128 rows of k, 64 columns) at bh (its bf16 hi
  * half; MN-major), K raw: eight k16 steps */
 template <typename WM> __device__ __forceinline__ void k_times(float *x, const char *vb, int bh) {
+    const uint64_t d = vdesc(vb);
     cfwd::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
-        wss64<0, 1, WM::bf>(x, vdesc(vb + VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), vdesc(vb + bh + kk * 2048), kk);
+        wss64<0, 1, WM::bf>(x, desc_off(d, VS::Kr + (kk >> 2) * 8192 + (kk & 3) * 32), desc_off(d, bh + kk * 2048), kk);
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
 }
@@ -362,12 +364,13 @@ template <typename WM> __device__ __forceinline__ void k_times(float *x, const c
  * lo; MN-major: rows are k), Tm as bf16: two products over four k16 steps */
 template <typename WM, int TT> __device__ __forceinline__ void tm_times(float *x, const char *vb, int bh, int bl) {
     constexpr int as = TT ? 2048 : 32;   /* Tm's k step: rows (transposed) or 32 bytes along its rows */
+    const uint64_t d = vdesc(vb);
     cfwd::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-        const uint64_t th = vdesc(vb + VS::Th + kk * as), b = vdesc(vb + bh + kk * 2048);
+        const uint64_t th = desc_off(d, VS::Th + kk * as), b = desc_off(d, bh + kk * 2048);
         wss64<TT, 1, WM::bf>(x, th, b, kk);
-        wss64<TT, 1, WM::bf>(x, th, vdesc(vb + bl + kk * 2048), 1);
+        wss64<TT, 1, WM::bf>(x, th, desc_off(d, bl + kk * 2048), 1);
     }
     cfwd::wg_commit();
     cfwd::wg_wait<0>();
@@ -546,10 +549,11 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             const float s0 = us[t0], s1 = us[t1];
 #pragma unroll
             for (int a = 0; a < 8; a++) { x[4 * a] *= s0; x[4 * a + 1] *= s0; x[4 * a + 2] *= s1; x[4 * a + 3] *= s1; }
+            const uint64_t d = vdesc(vb);
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wss64<1, 1, WM::bf>(x, vdesc(vb + VS::Ph + kk * 2048), vdesc(vb + VS::Or + kk * 2048), 1);
+                wss64<1, 1, WM::bf>(x, desc_off(d, VS::Ph + kk * 2048), desc_off(d, VS::Or + kk * 2048), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -605,14 +609,15 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             mul_all<16>(&aP[0][0], sX);
             mul_all<16>(&aTm[0][0], sdU);
         }
+        const uint64_t d = vdesc(vb);
         cfwd::wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            const uint64_t uh = vdesc(vb + VS::Xh + kk * 32), ul = vdesc(vb + VS::Xl + kk * 32);
-            const uint64_t oh = vdesc(vb + VS::Or + kk * 32);
-            const uint64_t duh = vdesc(vb + VS::dUh + kk * 32), dul = vdesc(vb + VS::dUl + kk * 32);
-            const uint64_t sh = vdesc(vb + VS::S0h + cg * 8192 + kk * 32), sl = vdesc(vb + VS::S0l + cg * 8192 + kk * 32);
-            const uint64_t dh = vdesc(vb + VS::dSh + cg * 8192 + kk * 32), dl = vdesc(vb + VS::dSl + cg * 8192 + kk * 32);
+            const uint64_t uh = desc_off(d, VS::Xh + kk * 32), ul = desc_off(d, VS::Xl + kk * 32);
+            const uint64_t oh = desc_off(d, VS::Or + kk * 32);
+            const uint64_t duh = desc_off(d, VS::dUh + kk * 32), dul = desc_off(d, VS::dUl + kk * 32);
+            const uint64_t sh = desc_off(d, VS::S0h + cg * 8192 + kk * 32), sl = desc_off(d, VS::S0l + cg * 8192 + kk * 32);
+            const uint64_t dh = desc_off(d, VS::dSh + cg * 8192 + kk * 32), dl = desc_off(d, VS::dSl + cg * 8192 + kk * 32);
             wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dh, 1);
             if constexpr (!SC) wss64<0, 0, WM::bf>(&aKd[0][0][0], uh, dl, 1);
             wss64<0, 0, WM::bf>(&aKd[0][0][0], ul, dh, 1);
@@ -621,8 +626,8 @@ __device__ __forceinline__ void vside_wg(const BwdArgs &p, int64_t row0, int c, 
             wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sh, 1);
             if constexpr (!SC) wss64<0, 0, WM::bf>(&aWk[0][0][0], duh, sl, 1);
             wss64<0, 0, WM::bf>(&aWk[0][0][0], dul, sh, 1);
-            const uint64_t ush = vdesc(vb + VS::Xh + cg * 4096 + kk * 32), usl = vdesc(vb + VS::Xl + cg * 4096 + kk * 32);
-            const uint64_t vr = vdesc(vb + VS::Vr + cg * 4096 + kk * 32);
+            const uint64_t ush = desc_off(d, VS::Xh + cg * 4096 + kk * 32), usl = desc_off(d, VS::Xl + cg * 4096 + kk * 32);
+            const uint64_t vr = desc_off(d, VS::Vr + cg * 4096 + kk * 32);
             wss32<0, 0, WM::bf>(&aP[0][0], oh, ush, 1);
             wss32<0, 0, WM::bf>(&aP[0][0], oh, usl, 1);
             wss32<0, 0, WM::bf>(&aTm[0][0], duh, vr, 1);

@@ -37,6 +37,7 @@ using cfwd::afrag;
 using cfwd::afrag_hilo;
 using cfwd::blk64;
 using cfwd::desc_blk;
+using cfwd::desc_off;
 using cfwd::desc_sw128;
 using cfwd::wgt_rs;
 
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             if constexpr (!M::bf) mul_all<64>(st, 1.f / s1);
             cfwd::wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) wgt_rs<64, M::bf, 0>(z, sa[kk], desc_sw128(Ks + (kk >> 2) * 4096 + (kk & 3) * 16, 16), kk);
+            for (int kk = 0; kk < 8; kk++) wgt_rs<64, M::bf, 0>(z, sa[kk], desc_off(desc_sw128(Ks, 16), (int)sizeof(*Ks) * ((kk >> 2) * 4096 + (kk & 3) * 16)), kk);
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
             if constexpr (!M::bf) mul_all<32>(z, 1.f / s1);
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             const uint32_t a[4] = {vt[2 * kk][0], vt[2 * kk][1], vt[2 * kk + 1][0], vt[2 * kk + 1][1]};
-            wgt_rs<64, M::bf, 0>(u, a, desc_blk(Ph + kk * 128), kk);
+            wgt_rs<64, M::bf, 0>(u, a, desc_off(desc_blk(Ph), (int)sizeof(*Ph) * (kk * 128)), kk);
         }
         cfwd::wg_commit();
         cfwd::wg_wait<0>();
@@ -269,8 +270,8 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                wgt_rs<64, M::bf, 0>(y, ua[kk][0], desc_blk(Th + kk * 128), kk);
-                wgt_rs<64, M::bf, 0>(y, ua[kk][1], desc_blk(Th + kk * 128), 1);
+                wgt_rs<64, M::bf, 0>(y, ua[kk][0], desc_off(desc_blk(Th), (int)sizeof(*Th) * (kk * 128)), kk);
+                wgt_rs<64, M::bf, 0>(y, ua[kk][1], desc_off(desc_blk(Th), (int)sizeof(*Th) * (kk * 128)), 1);
             }
             cfwd::wg_commit();
             cfwd::wg_wait<0>();
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(TT, 1) bwd_sweep_t_kernel(BwdArgs p) {
             cfwd::wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                const uint64_t dk = desc_sw128(Ks + kk * 16 * 64, 8192), dq = desc_sw128(Qs + kk * 16 * 64, 8192);
+                const uint64_t dk = desc_off(desc_sw128(Ks, 8192), (int)sizeof(*Ks) * (kk * 16 * 64)), dq = desc_off(desc_sw128(Qs, 8192), (int)sizeof(*Qs) * (kk * 16 * 64));
                 wgt_rs<128, M::bf, 1>(st, ya[kk][0], dk, 1);
                 wgt_rs<128, M::bf, 1>(st, ya[kk][1], dk, 1);
                 wgt_rs<128, M::bf, 1>(st, xa[kk][0], dq, 1);

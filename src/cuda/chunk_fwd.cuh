@@ -248,6 +248,12 @@ __device__ __forceinline__ int swz(int r, int e) { return r * 128 + ((((e >> 3) 
  * (64 x 64, swz) */
 __device__ __forceinline__ int s0_at(int k, int v) { return (v >> 6) * 16384 + (k >> 6) * 8192 + swz(k & 63, v & 63); }
 __device__ __forceinline__ uint64_t vdesc(const char *p) { return desc_sw128(p, 16); }
+/* the descriptor of an operand off bytes (a multiple of 16) past the one d
+ * describes: the address field is (address & 0x3FFFF) >> 4 and a block's
+ * shared memory ends below 2^18, so off / 16 added never carries out of it.
+ * One 64-bit add instead of the descriptor formed again (~5 uniform
+ * instructions: bench/NOTES.md v5.60) */
+__device__ __forceinline__ uint64_t desc_off(uint64_t d, int off) { return d + (uint64_t)(off >> 4); }
 /* a warpgroup's m64n64 fp32 accumulator (32 values a thread; tx the thread's
  * index in the block), times row scales f0 (the thread's rows 16 w + g) and
  * f1 (16 w + g + 8), to a 64-column block of 128-byte rows in the 128-byte

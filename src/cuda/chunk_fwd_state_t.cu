@@ -230,15 +230,15 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 wg_turn(cg);
 #pragma unroll
                 for (int kk = 0; kk < 8; kk++) {
-                    const uint64_t db = desc_sw128(KQ + (kk >> 2) * 8192 + (kk & 3) * 16, 16);
+                    const uint64_t db = desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * ((kk >> 2) * 8192 + (kk & 3) * 16));
                     wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][0], db, kk);
                     if (M::split) wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][1], db, 1);
                 }
                 if constexpr (!ST)
 #pragma unroll
                     for (int kk = 0; kk < 8; kk++)
-                        wgt_ss32<M::bf>(pa, desc_sw128(KQ + 4096 + (kk >> 2) * 8192 + (kk & 3) * 16, 16),
-                                        desc_sw128(KQ + cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16, 16), kk);
+                        wgt_ss32<M::bf>(pa, desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * (4096 + (kk >> 2) * 8192 + (kk & 3) * 16)),
+                                        desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * (cg * 2048 + (kk >> 2) * 8192 + (kk & 3) * 16)), kk);
                 wg_commit();
                 wg_pass(cg);
                 wg_wait<0>();
@@ -283,12 +283,12 @@ __global__ void __launch_bounds__(TT, 1) chunk_state_t_kernel(ChunkArgs p, const
                 wg_turn(cg);
                 if constexpr (!ST) {
 #pragma unroll
-                    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+                    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_off(desc_blk(Ps), (int)sizeof(*Ps) * (kk * 128)), 1);
                     wg_commit();
                 }
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
-                    const uint64_t db = desc_sw128(KQ + kk * 16 * 64, 16384);
+                    const uint64_t db = desc_off(desc_sw128(KQ, 16384), (int)sizeof(*KQ) * (kk * 16 * 64));
                     wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
                     if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
                 }

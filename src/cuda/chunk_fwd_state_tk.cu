@@ -206,9 +206,9 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
 #pragma unroll
                     for (int kk = 0; kk < 8; kk++) {
                         const int kg = cg * 8 + kk;
-                        const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
+                        const uint64_t db = desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * ((kg >> 2) * 8192 + (kg & 3) * 16));
                         wgt_rs<128, M::bf, 0>(xo, sa[kk], db, kk);
-                        wss128<0, 0>(xo, desc_sw128(reinterpret_cast<const E *>(slo) + (kk >> 2) * 4096 + (kk & 3) * 16, 16), db, 1);
+                        wss128<0, 0>(xo, desc_off(desc_sw128(slo, 16), (int)sizeof(E) * ((kk >> 2) * 4096 + (kk & 3) * 16)), db, 1);
                     }
                     wg_commit();
                     wg_wait<0>();
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
 #pragma unroll
                     for (int kk = 0; kk < 8; kk++) {
                         const int kg = cg * 8 + kk;
-                        const uint64_t db = desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16);
+                        const uint64_t db = desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * ((kg >> 2) * 8192 + (kg & 3) * 16));
                         wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][0], db, kk);
                         if (M::split) wgt_rs<ST ? 64 : 128, M::bf, 0>(xo, sa[kk][1], db, 1);
                     }
@@ -257,8 +257,8 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
             else if (cg == 1) {
 #pragma unroll
                 for (int kg = 0; kg < 16; kg++)
-                    wss64<0, 0, M::bf>(pa, desc_sw128(KQ + 4096 + (kg >> 2) * 8192 + (kg & 3) * 16, 16),
-                                       desc_sw128(KQ + (kg >> 2) * 8192 + (kg & 3) * 16, 16), kg);
+                    wss64<0, 0, M::bf>(pa, desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * (4096 + (kg >> 2) * 8192 + (kg & 3) * 16)),
+                                       desc_off(desc_sw128(KQ, 16), (int)sizeof(*KQ) * ((kg >> 2) * 8192 + (kg & 3) * 16)), kg);
                 wg_commit();
                 wg_wait<0>();   /* U and P done */
                 /* P (rows t of this warp, all 64 columns s): masked, scaled, to shared memory */
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
-                    const uint64_t db = desc_sw128(KQ + cg * 16384 + kk * 16 * 64, 16384);
+                    const uint64_t db = desc_off(desc_sw128(KQ, 16384), (int)sizeof(*KQ) * (cg * 16384 + kk * 16 * 64));
                     wgt_rs<128, M::bf, 1>(st, ud[kk][0], db, 1);
                     if (M::split) wgt_rs<128, M::bf, 1>(st, ud[kk][1], db, 1);
                 }
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(TK, 1) chunk_state_tk_kernel(ChunkArgs p, cons
                     mb_wait(pready, (uint32_t)((i - i0) & 1));   /* P of this chunk stored */
                     wg_fence();
 #pragma unroll
-                    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_blk(Ps + kk * 128), 1);
+                    for (int kk = 0; kk < 4; kk++) wgt_rs<64, M::bf, 0>(o, ua[kk], desc_off(desc_blk(Ps), (int)sizeof(*Ps) * (kk * 128)), 1);
                     wg_commit();
                     wg_wait<0>();
                 }
