@@ -70,11 +70,11 @@ namespace {
 
 using M = cfwd::mma_traits<__nv_bfloat16>;
 using cfwd::afrag_hilo;
+using cfwd::desc_off;
 using cfwd::desc_sw128;
 using cfwd::stsm4;
 using cfwd::swz;
 using cfwd::vdesc;
-using cfwd::desc_off;
 using cfwd::wgt_rs;
 using cfwd::wss128;
 using cfwd::wss64;

@@ -325,10 +325,10 @@ __device__ __forceinline__ bool q_stage_ok(const BwdArgs &p) { return p.dt != 0 
  * accumulator is the m16n8 tile layout, warp by warp). Every operand is a
  * 64-element-wide block of 128-byte rows in the 128-byte swizzle; the sums
  * over V read them K-major, the sums over K and c MN-major (transposed). */
+using cfwd::desc_off;
 using cfwd::stsm4;
 using cfwd::swz;
 using cfwd::vdesc;
-using cfwd::desc_off;
 using cfwd::wss32;
 using cfwd::wss64;
 constexpr int WVP = 64;   /* panel columns */
